@@ -1,0 +1,55 @@
+# Set-up commands (see README): `make demo`, `make test`. Both work on a fresh
+# machine: they create .venv, install torch==2.13.0 and the project's
+# dependencies, and build the extension (CMake + ninja + ccache).
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+PYTHON := $(VENV)/bin/python
+DEPS_STAMP := $(VENV)/.deps-stamp
+SYS_STAMP := $(VENV)/.sysdeps-stamp
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+export CCACHE_DIR ?= $(HOME)/.cache/ccache
+PYTEST_ARGS ?= -q
+
+.PHONY: all build demo test test-runtime test-python bench bench-quick clean
+
+all: build
+
+$(PYTHON):
+	$(PY) -m venv $(VENV)
+
+# Debian packages the build uses: googletest (runtime suite) and ccache.
+$(SYS_STAMP): | $(PYTHON)
+	@if [ ! -f /usr/include/gtest/gtest.h ] || ! command -v ccache >/dev/null; then \
+	  if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libgtest-dev ccache >/dev/null; \
+	  else echo "please install libgtest-dev and ccache (Debian packages)"; exit 1; fi; \
+	fi
+	touch $@
+
+$(DEPS_STAMP): pyproject.toml | $(PYTHON)
+	$(PYTHON) -m pip install -q --upgrade pip setuptools wheel
+	$(PYTHON) -m pip install -q torch==2.13.0
+	$(PYTHON) -m pip install -q cmake ninja pytest numpy safetensors "torch==2.13.0"
+	touch $@
+
+build: $(DEPS_STAMP) $(SYS_STAMP)
+	$(PYTHON) -m pip install -q --no-build-isolation --no-deps -e .
+
+demo: build
+	$(PYTHON) examples/train.py
+
+test-runtime: $(SYS_STAMP) $(DEPS_STAMP)
+	cmake -S . -B build-rt -G Ninja -DNEURONX_RUNTIME_ONLY=ON >/dev/null
+	cmake --build build-rt -j2
+	ctest --test-dir build-rt --output-on-failure -j2
+
+# pytest exits 5 when it collected no tests: that is a failure here.
+test-python: build
+	@$(PYTHON) -m pytest tests $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
+
+test: test-runtime test-python
+
+clean:
+	rm -rf build build-rt torch_neuronx/_C*.so *.egg-info

@@ -1,0 +1,131 @@
+// The device allocator (c10::DeviceAllocator, so torch.accelerator.memory_*
+// work) and the pinned host allocator, both thin adapters over the runtime.
+#include <ATen/core/CachingHostAllocator.h>
+#include <c10/core/CachingDeviceAllocator.h>
+
+#include <cstring>
+
+#include "backend/allocator.h"
+#include "backend/common.h"
+#include "runtime/host_allocator.h"
+
+namespace neuronx {
+
+namespace {
+
+void device_delete(void* handle) { rt::CachingAllocator::release(handle); }
+
+c10::CachingAllocator::Stat to_c10(const rt::Stat& s) {
+  c10::CachingAllocator::Stat o;
+  o.current = s.current;
+  o.peak = s.peak;
+  o.allocated = s.allocated;
+  o.freed = s.freed;
+  return o;
+}
+
+void copy_array(c10::CachingAllocator::StatArray& dst, const rt::StatArray& src) {
+  for (size_t i = 0; i < src.size(); ++i) dst[i] = to_c10(src[i]);
+}
+
+class NeuronDeviceAllocator final : public c10::DeviceAllocator {
+ public:
+  c10::DataPtr allocate(size_t n) override {
+    const c10::DeviceIndex d = current_device();
+    rt::Device& dev = runtime_device(d);
+    void* handle = nullptr;
+    void* p = translate([&] { return dev.allocator().malloc(n, &handle); });
+    return {p, handle, &device_delete, c10::Device(kNeuron, d)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    // Both sides are device memory: order after queued work, then copy.
+    translate([] { rt::synchronize_all(); });
+    std::memcpy(dest, src, count);
+  }
+  bool initialized() override { return rt::is_initialized(); }
+  void emptyCache(c10::MempoolId_t) override {
+    if (!rt::is_initialized()) return;
+    for (int i = 0; i < rt::device_count(); ++i) runtime_device(i).allocator().empty_cache();
+  }
+  // Queued tasks hold references to every storage they touch, so a block is
+  // never reused while another stream still needs it: nothing to record.
+  void recordStream(const c10::DataPtr&, c10::Stream) override {}
+  c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex d) override {
+    const rt::AllocatorStats s = runtime_device(d).allocator().stats();
+    c10::CachingDeviceAllocator::DeviceStats o;
+    copy_array(o.allocation, s.allocation);
+    copy_array(o.segment, s.segment);
+    copy_array(o.active, s.active);
+    copy_array(o.inactive_split, s.inactive_split);
+    copy_array(o.allocated_bytes, s.allocated_bytes);
+    copy_array(o.reserved_bytes, s.reserved_bytes);
+    copy_array(o.active_bytes, s.active_bytes);
+    copy_array(o.inactive_split_bytes, s.inactive_split_bytes);
+    copy_array(o.requested_bytes, s.requested_bytes);
+    o.num_alloc_retries = s.num_alloc_retries;
+    o.num_ooms = s.num_ooms;
+    o.num_device_alloc = s.num_device_alloc;
+    o.num_device_free = s.num_device_free;
+    o.oversize_allocations = to_c10(s.oversize_allocations);
+    o.oversize_segments = to_c10(s.oversize_segments);
+    o.max_split_size = s.max_split_size;
+    return o;
+  }
+  void resetAccumulatedStats(c10::DeviceIndex d) override {
+    runtime_device(d).allocator().reset_accumulated_stats();
+  }
+  void resetPeakStats(c10::DeviceIndex d) override { runtime_device(d).allocator().reset_peak_stats(); }
+  std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex d) override {
+    auto& a = runtime_device(d).allocator();
+    const size_t total = a.capacity();
+    const size_t cap = a.limit() ? a.limit() : total;
+    const size_t reserved = a.reserved();
+    return {cap > reserved ? cap - reserved : 0, total};
+  }
+};
+
+NeuronDeviceAllocator g_device_allocator;
+
+void host_delete(void* p) { rt::HostAllocator::instance().free(p); }
+
+class NeuronHostAllocator final : public at::HostAllocator {
+ public:
+  c10::DataPtr allocate(size_t n) override {
+    void* p = translate([&] { return rt::HostAllocator::instance().malloc(n); });
+    return {p, p, &host_delete, c10::Device(c10::DeviceType::CPU)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &host_delete; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    std::memcpy(dest, src, count);
+  }
+  // Pinned buffers used by queued copies are kept alive by the copy task.
+  bool record_event(void*, void*, c10::Stream) override { return true; }
+  void empty_cache() override { rt::HostAllocator::instance().empty_cache(); }
+  at::HostStats get_stats() override {
+    const rt::HostAllocatorStats s = rt::HostAllocator::instance().stats();
+    at::HostStats o;
+    o.active_requests.current = s.allocations;
+    o.active_bytes.current = s.allocated_bytes;
+    o.active_bytes.peak = s.peak_allocated_bytes;
+    o.allocated_bytes.current = s.reserved_bytes;
+    o.num_host_alloc = s.num_host_alloc;
+    o.num_host_free = s.num_host_free;
+    return o;
+  }
+  void reset_accumulated_stats() override { rt::HostAllocator::instance().reset_accumulated_stats(); }
+  void reset_peak_stats() override { rt::HostAllocator::instance().reset_peak_stats(); }
+};
+
+NeuronHostAllocator g_host_allocator;
+
+}  // namespace
+
+c10::Allocator* device_allocator() { return &g_device_allocator; }
+at::HostAllocator* host_allocator() { return &g_host_allocator; }
+bool is_pinned_ptr(const void* p) { return rt::HostAllocator::instance().is_pinned(p); }
+
+REGISTER_ALLOCATOR(c10::DeviceType::PrivateUse1, &g_device_allocator);
+REGISTER_HOST_ALLOCATOR(at::kPrivateUse1, &g_host_allocator);
+
+}  // namespace neuronx

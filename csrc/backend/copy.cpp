@@ -1,0 +1,96 @@
+// Copies between host and device and between devices, ordered on streams.
+//
+// host -> device: pinned + non_blocking is asynchronous (the task keeps the
+//   source alive); otherwise the copy is enqueued and waited for, as CUDA
+//   does for pageable memory.
+// device -> host: waits for the stream unless the destination is pinned and
+//   non_blocking (then the user synchronizes, as on CUDA).
+// device -> device: enqueued; across devices the two streams are ordered with
+//   events in both directions.
+#include "backend/copy.h"
+
+#include <ATen/ops/copy.h>
+
+#include "backend/allocator.h"
+#include "backend/metrics.h"
+#include "backend/tensor_views.h"
+
+namespace neuronx {
+
+namespace {
+
+OpCounters& copy_counters() {
+  static OpCounters& c = op_counters("aten::_copy_from");
+  return c;
+}
+
+std::unique_ptr<rt::Kernel> copy_kernel(const char* name, at::Tensor dst, at::Tensor src) {
+  return std::make_unique<rt::FunctionKernel>(name, [dst = std::move(dst), src = std::move(src)]() mutable {
+    at::AutoDispatchBelowADInplaceOrView below;
+    dst.copy_(src);
+  });
+}
+
+}  // namespace
+
+at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_blocking) {
+  TORCH_CHECK(src.defined() && dst.defined(), "copy_: both tensors must be defined");
+  copy_counters().native.fetch_add(1, std::memory_order_relaxed);
+  if (dst.numel() == 0) return dst;
+  const bool src_dev = src.device().type() == kNeuron;
+  const bool dst_dev = dst.device().type() == kNeuron;
+  TORCH_CHECK((src_dev || src.is_cpu()) && (dst_dev || dst.is_cpu()), "copy_ between ", src.device(), " and ",
+              dst.device(), " is not supported; copy through CPU");
+
+  if (src_dev && dst_dev) {
+    const c10::DeviceIndex ds = src.device().index(), dd = dst.device().index();
+    rt::Queue& qd = current_queue(dd);
+    if (ds == dd) {
+      translate([&] { qd.launch(copy_kernel("neuron::copy_d2d", cpu_alias(dst), cpu_alias(src))); });
+      return dst;
+    }
+    rt::Queue& qs = current_queue(ds);
+    translate([&] {
+      auto ready = rt::Event::create(false);
+      ready->record(qs);
+      ready->block(qd);
+      qd.launch(copy_kernel("neuron::copy_p2p", cpu_alias(dst), cpu_alias(src)));
+      auto done = rt::Event::create(false);
+      done->record(qd);
+      done->block(qs);
+    });
+    return dst;
+  }
+
+  if (dst_dev) {  // host -> device
+    rt::Queue& q = current_queue(dst.device().index());
+    const bool async = non_blocking && is_pinned_ptr(src.storage().data_ptr().get());
+    translate([&] {
+      q.launch(copy_kernel("neuron::copy_h2d", cpu_alias(dst), src));
+      if (!async) {
+        count_sync(SyncReason::kBlockingCopy);
+        q.synchronize();
+      }
+    });
+    return dst;
+  }
+
+  // device -> host
+  rt::Queue& q = current_queue(src.device().index());
+  const bool async = non_blocking && is_pinned_ptr(dst.storage().data_ptr().get());
+  translate([&] {
+    q.launch(copy_kernel("neuron::copy_d2h", dst, cpu_alias(src)));
+    if (!async) {
+      count_sync(SyncReason::kCopyToHost);
+      q.synchronize();
+    }
+  });
+  return dst;
+}
+
+at::Tensor copy_from_and_resize(const at::Tensor& src, const at::Tensor& dst) {
+  if (dst.sizes() != src.sizes()) dst.resize_(src.sizes());
+  return copy_from(src, dst, false);
+}
+
+}  // namespace neuronx

@@ -1,0 +1,406 @@
+// The generic eager path: every ATen op without a neuron kernel of its own.
+//
+// 1. output metadata from the op's meta kernel (meta twins of the operands);
+// 2. outputs allocated on the device, out= arguments resized on the host;
+// 3. an OpKernel enqueued on the current stream that runs ATen's CPU kernel
+//    on CPU aliases of the device buffers (out= form when there is one).
+// Ops without a meta kernel, or whose output shape depends on data, take the
+// synchronous path: drain the stream, run, and adopt the results.
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/empty_strided.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/library.h>
+
+#include <mutex>
+#include <shared_mutex>
+#include <unordered_map>
+
+#include "backend/generator.h"
+#include "backend/metrics.h"
+#include "backend/op_kernel.h"
+#include "backend/python_hooks.h"
+#include "backend/tensor_views.h"
+
+namespace neuronx {
+
+namespace {
+
+const c10::DispatchKeySet kCPUKeys(c10::DispatchKey::CPU);
+const c10::DispatchKeySet kMetaKeys(c10::DispatchKey::Meta);
+
+bool is_tensor_type(const c10::TypePtr& t) {
+  if (t->kind() == c10::TypeKind::TensorType) return true;
+  if (auto o = t->cast<c10::OptionalType>()) return is_tensor_type(o->getElementType());
+  if (auto l = t->cast<c10::ListType>()) return is_tensor_type(l->getElementType());
+  return false;
+}
+
+// Overloads of each operator name, for finding out= forms.
+const std::unordered_map<std::string, std::vector<c10::OperatorName>>& overloads_by_name() {
+  static const auto* m = [] {
+    auto* r = new std::unordered_map<std::string, std::vector<c10::OperatorName>>;
+    for (const auto& n : c10::Dispatcher::singleton().getAllOpNames()) (*r)[n.name].push_back(n);
+    return r;
+  }();
+  return *m;
+}
+
+std::optional<c10::OperatorHandle> find_out_variant(const c10::FunctionSchema& s) {
+  const auto& all = overloads_by_name();
+  auto it = all.find(s.name());
+  if (it == all.end()) return std::nullopt;
+  for (const auto& name : it->second) {
+    if (name.overload_name == s.overload_name()) continue;
+    auto h = c10::Dispatcher::singleton().findSchema(name);
+    if (!h || !h->hasComputedKernelForDispatchKey(c10::DispatchKey::CPU)) continue;
+    const auto& o = h->schema();
+    std::vector<const c10::Argument*> ins, outs;
+    for (const auto& a : o.arguments()) (a.is_out() ? outs : ins).push_back(&a);
+    if (outs.empty() || outs.size() != s.returns().size() || ins.size() != s.arguments().size()) continue;
+    bool ok = true;
+    for (size_t i = 0; ok && i < ins.size(); ++i) ok = *ins[i]->type() == *s.arguments()[i].type();
+    for (size_t i = 0; ok && i < outs.size(); ++i) ok = *outs[i]->type() == *s.returns()[i].type();
+    if (ok) return h;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+OpAnalysis::OpAnalysis(const c10::OperatorHandle& h) : op(h) {
+  const auto& s = h.schema();
+  name = s.name() + (s.overload_name().empty() ? "" : "." + s.overload_name());
+  num_args = s.arguments().size();
+  num_returns = s.returns().size();
+  arg_written.resize(num_args, false);
+  for (size_t i = 0; i < num_args; ++i) {
+    const auto& a = s.arguments()[i];
+    if (a.alias_info() && a.alias_info()->isWrite()) {
+      arg_written[i] = true;
+      any_written = true;
+    }
+    auto t = a.type();
+    if (auto o = t->cast<c10::OptionalType>()) t = o->getElementType();
+    if (t->kind() == c10::TypeKind::GeneratorType) generator_args.push_back(static_cast<int>(i));
+  }
+  for (size_t r = 0; r < num_returns; ++r) {
+    const auto* ri = s.returns()[r].alias_info();
+    int arg = -1;
+    if (ri) {
+      for (size_t i = 0; i < num_args && arg < 0; ++i) {
+        const auto* ai = s.arguments()[i].alias_info();
+        if (!ai) continue;
+        for (const auto& set : ri->beforeSets())
+          if (ai->beforeSets().count(set)) arg = static_cast<int>(i);
+      }
+    }
+    ret_arg.push_back(arg);
+    ret_view.push_back(arg >= 0 && !ri->isWrite());
+    if (arg < 0 && is_tensor_type(s.returns()[r].type())) any_new = true;
+  }
+  const std::string& base = s.name();
+  allow_cpu_operands = base == "aten::index" || base == "aten::index_put" || base == "aten::index_put_" ||
+                       base == "aten::_index_put_impl_" || base == "aten::_unsafe_index" ||
+                       base == "aten::_unsafe_index_put";
+  bool all_new = num_returns > 0;
+  for (int a : ret_arg) all_new = all_new && a < 0;
+  if (!any_written && all_new) out_op = find_out_variant(s);
+  counters = &op_counters(name);
+}
+
+namespace {
+
+OpAnalysis& analysis_for(const c10::OperatorHandle& op) {
+  // Schemas live as long as the process; key by address.
+  thread_local std::unordered_map<const void*, OpAnalysis*> local;
+  const void* key = &op.schema();
+  auto it = local.find(key);
+  if (it != local.end()) return *it->second;
+  static std::shared_mutex mu;
+  static auto* global = new std::unordered_map<const void*, std::unique_ptr<OpAnalysis>>;
+  OpAnalysis* a = nullptr;
+  {
+    std::shared_lock<std::shared_mutex> r(mu);
+    auto g = global->find(key);
+    if (g != global->end()) a = g->second.get();
+  }
+  if (!a) {
+    auto fresh = std::make_unique<OpAnalysis>(op);
+    std::unique_lock<std::shared_mutex> w(mu);
+    auto& slot = (*global)[key];
+    if (!slot) slot = std::move(fresh);
+    a = slot.get();
+  }
+  local.emplace(key, a);
+  return *a;
+}
+
+// Applies f to every tensor inside an IValue (tensor, tensor list, list of
+// optional tensors), returning the IValue with the mapped tensors.
+template <typename F>
+c10::IValue map_tensors(const c10::IValue& v, F&& f) {
+  if (v.isTensor()) return f(v.toTensor());
+  if (v.isList()) {
+    auto list = v.toList();
+    const auto& et = list.elementType();
+    if (!is_tensor_type(et)) return v;
+    c10::impl::GenericList out(et);
+    out.reserve(list.size());
+    for (const c10::IValue& e : list) out.push_back(e.isTensor() ? c10::IValue(f(e.toTensor())) : e);
+    return out;
+  }
+  return v;
+}
+
+template <typename F>
+void for_each_tensor(const c10::IValue& v, F&& f) {
+  if (v.isTensor()) {
+    f(v.toTensor());
+  } else if (v.isList()) {
+    for (const c10::IValue& e : v.toListRef())
+      if (e.isTensor()) f(e.toTensor());
+  }
+}
+
+[[noreturn]] void device_mismatch(const OpAnalysis& a, const c10::Device& x, const c10::Device& y) {
+  TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two devices, ", x,
+              " and ", y, "! (in ", a.name, ")");
+}
+
+// The device the op runs on, checking that operands agree as CUDA does:
+// neuron tensors of one device, plus host tensors only where CUDA allows
+// them (0-dim scalars; index tensors for indexing ops).
+c10::DeviceIndex op_device(const OpAnalysis& a, c10::ArrayRef<c10::IValue> args) {
+  std::optional<c10::Device> dev;
+  std::optional<c10::Device> host;
+  for (size_t i = 0; i < args.size(); ++i) {
+    for_each_tensor(args[i], [&](const at::Tensor& t) {
+      if (!t.defined()) return;
+      const c10::Device d = t.device();
+      if (d.type() == kNeuron) {
+        if (dev && *dev != d) device_mismatch(a, *dev, d);
+        dev = d;
+      } else if (d.is_cpu() && (t.dim() == 0 || a.allow_cpu_operands) && !a.arg_written[i]) {
+        // allowed host operand
+      } else {
+        host = d;
+      }
+    });
+    if (args[i].isDevice() && args[i].toDevice().type() == kNeuron && !dev) dev = args[i].toDevice();
+  }
+  if (host) {
+    if (dev) device_mismatch(a, *dev, *host);
+    TORCH_CHECK(false, "neuron fallback reached for ", a.name, " without a neuron tensor (found ", *host, ")");
+  }
+  if (!dev) return current_device();
+  return dev->index() >= 0 ? dev->index() : current_device();
+}
+
+void check_supported(const OpAnalysis& a, c10::ArrayRef<c10::IValue> args) {
+  for (const auto& v : args) {
+    for_each_tensor(v, [&](const at::Tensor& t) {
+      if (!t.defined()) return;
+      TORCH_CHECK_NOT_IMPLEMENTED(t.layout() == c10::kStrided, a.name, ": ", t.layout(),
+                                  " tensors are not supported on neuron yet (only strided tensors); "
+                                  "convert with .to_dense() or run this op on CPU");
+      TORCH_CHECK_NOT_IMPLEMENTED(!t.is_quantized(), a.name,
+                                  ": quantized tensors are not supported on neuron yet; dequantize first "
+                                  "or run this op on CPU");
+      TORCH_CHECK_NOT_IMPLEMENTED(!t.is_nested(), a.name,
+                                  ": nested tensors are not supported on neuron yet");
+    });
+  }
+}
+
+// Operands for the CPU kernel, captured now. Host tensors that are not
+// wrapped Python numbers are copied: the user may change them before the
+// kernel runs (CUDA copies them into the launch too).
+c10::IValue kernel_operand(const OpAnalysis& a, size_t i, const c10::IValue& v, c10::DeviceIndex d,
+                           bool resizable) {
+  for (int g : a.generator_args)
+    if (static_cast<size_t>(g) == i)
+      return c10::IValue(kernel_generator(v.isNone() ? std::nullopt : std::optional<at::Generator>(v.toGenerator()), d));
+  if (v.isDevice() && v.toDevice().type() == kNeuron) return c10::IValue(c10::Device(c10::kCPU));
+  return map_tensors(v, [&](const at::Tensor& t) -> at::Tensor {
+    if (!t.defined()) return t;
+    if (t.device().type() == kNeuron) return cpu_alias(t, resizable);
+    if (t.unsafeGetTensorImpl()->is_wrapped_number()) return t;
+    return t.clone();
+  });
+}
+
+c10::IValue meta_operand(const c10::IValue& v) {
+  if (v.isDevice() && v.toDevice().type() == kNeuron) return c10::IValue(c10::Device(c10::kMeta));
+  // Host operands (0-dim scalars) stay on the host: meta kernels accept them as
+  // CPU scalars, and Python meta kernels read wrapped numbers' values.
+  return map_tensors(v, [](const at::Tensor& t) {
+    return t.defined() && t.device().type() == kNeuron ? meta_twin(t) : t;
+  });
+}
+
+// A device tensor holding the host result r (used by the synchronous path).
+at::Tensor adopt_host_result(const at::Tensor& r, c10::DeviceIndex d) {
+  if (!r.defined()) return r;
+  at::Tensor m = r.is_non_overlapping_and_dense() ? r : r.contiguous();
+  at::Tensor out = empty_like_meta(meta_twin(m), d);
+  cpu_alias(out).copy_(r);
+  return out;
+}
+
+void sync_path(OpAnalysis& a, c10::Stack* stack, c10::DeviceIndex d) {
+  a.counters->sync.fetch_add(1, std::memory_order_relaxed);
+  count_sync(SyncReason::kDataDependent);
+  rt::Queue& q = current_queue(d);
+  translate([&] { q.synchronize(); });
+  auto args = torch::jit::last(*stack, a.num_args);
+  c10::Stack cpu;
+  cpu.reserve(a.num_args);
+  for (size_t i = 0; i < a.num_args; ++i) cpu.push_back(kernel_operand(a, i, args[i], d, a.arg_written[i]));
+  std::vector<c10::IValue> aliases(cpu.begin(), cpu.end());
+  std::vector<c10::IValue> originals(args.begin(), args.end());
+  {
+    at::AutoDispatchBelowADInplaceOrView below;
+    a.op.redispatchBoxed(kCPUKeys, &cpu);
+  }
+  // Written arguments the CPU kernel resized (out= with data-dependent
+  // shapes) moved to host memory: bring the result back to the device.
+  for (size_t i = 0; i < a.num_args; ++i) {
+    if (!a.arg_written[i] || !originals[i].isTensor()) continue;
+    const at::Tensor& dev_t = originals[i].toTensor();
+    const at::Tensor& host_t = aliases[i].toTensor();
+    if (!dev_t.defined() || dev_t.device().type() != kNeuron) continue;
+    if (host_t.sizes() == dev_t.sizes() && host_t.strides() == dev_t.strides() &&
+        host_t.storage().data_ptr().get() == dev_t.storage().data_ptr().get())
+      continue;
+    adopt_geometry(dev_t, meta_twin(host_t));
+    cpu_alias(dev_t).copy_(host_t);
+  }
+  std::vector<c10::IValue> results(cpu.begin(), cpu.end());
+  torch::jit::drop(*stack, a.num_args);
+  for (size_t r = 0; r < results.size(); ++r) {
+    const int k = r < a.ret_arg.size() ? a.ret_arg[r] : -1;
+    if (k >= 0 && !a.ret_view[r]) {
+      stack->push_back(originals[k]);
+    } else if (k >= 0 && originals[k].isTensor() && results[r].isTensor()) {
+      stack->push_back(view_with_geometry(originals[k].toTensor(), meta_twin(results[r].toTensor())));
+    } else {
+      stack->push_back(map_tensors(results[r], [&](const at::Tensor& t) { return adopt_host_result(t, d); }));
+    }
+  }
+}
+
+bool meta_unavailable(const std::exception& e) {
+  if (dynamic_cast<const c10::NotImplementedError*>(&e)) return true;
+  const std::string msg = e.what();
+  return msg.find("Meta") != std::string::npos || msg.find("meta") != std::string::npos ||
+         msg.find("data-dependent") != std::string::npos || msg.find("data dependent") != std::string::npos;
+}
+
+void neuron_fallback(const c10::OperatorHandle& op, c10::Stack* stack) {
+  OpAnalysis& a = analysis_for(op);
+  auto args = torch::jit::last(*stack, a.num_args);
+  check_supported(a, args);
+  const c10::DeviceIndex d = op_device(a, args);
+  if (a.sync_only.load(std::memory_order_relaxed)) return sync_path(a, stack, d);
+
+  // 1. Output metadata from the meta kernel.
+  c10::Stack meta;
+  meta.reserve(a.num_args);
+  for (const auto& v : args) meta.push_back(meta_operand(v));
+  std::vector<c10::IValue> meta_args(meta.begin(), meta.end());
+  try {
+    a.op.redispatchBoxed(kMetaKeys, &meta);
+  } catch (const c10::Error& e) {
+    if (!meta_unavailable(e)) throw;  // the user's error (bad shapes, dtypes): same as CPU would say
+    if (dynamic_cast<const c10::NotImplementedError*>(&e)) a.sync_only.store(true);
+    return sync_path(a, stack, d);
+  } catch (const std::exception& e) {
+    // A Python meta kernel raised: let the CPU kernel decide (and word the error).
+    clear_python_error();
+    return sync_path(a, stack, d);
+  }
+
+  // 2. Outputs: new tensors, views, and resized out= arguments.
+  std::vector<c10::IValue> results(a.num_returns);
+  bool launch = a.any_written;
+  for (size_t r = 0; r < a.num_returns; ++r) {
+    const int k = a.ret_arg[r];
+    if (k >= 0 && !a.ret_view[r]) {
+      results[r] = args[k];
+    } else if (k >= 0) {
+      const at::Tensor& base = args[k].toTensor();
+      results[r] = map_tensors(meta[r], [&](const at::Tensor& m) { return view_with_geometry(base, m); });
+    } else {
+      results[r] = map_tensors(meta[r], [&](const at::Tensor& m) { return empty_like_meta(m, d); });
+      launch = launch || meta[r].isTensor() || meta[r].isList();
+    }
+  }
+  for (size_t i = 0; i < a.num_args; ++i) {
+    if (!a.arg_written[i] || !args[i].isTensor() || !meta_args[i].isTensor()) continue;
+    const at::Tensor& t = args[i].toTensor();
+    if (t.defined() && t.device().type() == kNeuron) adopt_geometry(t, meta_args[i].toTensor());
+  }
+
+  if (!launch) {
+    a.counters->view.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    // 3. Enqueue the CPU kernel on aliases of the device buffers.
+    const bool use_out = a.out_op.has_value();
+    auto mode = a.any_new ? (use_out ? OpKernel::Mode::kOut : OpKernel::Mode::kFunctionalCopy)
+                          : OpKernel::Mode::kDirect;
+    auto k = std::make_unique<OpKernel>(&a, mode);
+    k->args().reserve(a.num_args);
+    for (size_t i = 0; i < a.num_args; ++i) k->args().push_back(kernel_operand(a, i, args[i], d, false));
+    if (mode != OpKernel::Mode::kDirect) {
+      k->outs().resize(a.num_returns);
+      for (size_t r = 0; r < a.num_returns; ++r)
+        if (a.ret_arg[r] < 0)
+          k->outs()[r] = map_tensors(results[r], [](const at::Tensor& t) { return cpu_alias(t); });
+    }
+    rt::Queue& q = current_queue(d);
+    translate([&] { q.launch(std::move(k)); });
+    a.counters->async.fetch_add(1, std::memory_order_relaxed);
+  }
+  torch::jit::drop(*stack, a.num_args);
+  for (auto& r : results) stack->push_back(std::move(r));
+}
+
+}  // namespace
+
+void OpKernel::run() {
+  at::AutoDispatchBelowADInplaceOrView below;
+  switch (mode_) {
+    case Mode::kDirect:
+      op_->op.redispatchBoxed(kCPUKeys, &args_);
+      return;
+    case Mode::kOut: {
+      c10::Stack s;
+      s.reserve(args_.size() + outs_.size());
+      size_t in = 0, out = 0;
+      for (const auto& arg : op_->out_op->schema().arguments())
+        s.push_back(arg.is_out() ? outs_[out++] : args_[in++]);
+      op_->out_op->redispatchBoxed(kCPUKeys, &s);
+      return;
+    }
+    case Mode::kFunctionalCopy: {
+      op_->op.redispatchBoxed(kCPUKeys, &args_);
+      for (size_t r = 0; r < outs_.size() && r < args_.size(); ++r) {
+        if (outs_[r].isTensor()) {
+          outs_[r].toTensor().copy_(args_[r].toTensor());
+        } else if (outs_[r].isList()) {
+          auto dst = outs_[r].toListRef();
+          auto src = args_[r].toListRef();
+          for (size_t i = 0; i < dst.size(); ++i)
+            if (dst[i].isTensor()) dst[i].toTensor().copy_(src[i].toTensor());
+        }
+      }
+      return;
+    }
+  }
+}
+
+TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>());
+}
+
+}  // namespace neuronx

@@ -1,0 +1,31 @@
+#pragma once
+// Counters behind torch_neuronx.metrics(): per-op dispatches by execution
+// path, and the host synchronization points the eager path had to make.
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <string>
+
+namespace neuronx {
+
+struct OpCounters {
+  std::atomic<uint64_t> async{0};  // enqueued on a stream, returned at once
+  std::atomic<uint64_t> sync{0};   // ran after draining the stream (no meta / data-dependent shape)
+  std::atomic<uint64_t> view{0};   // metadata only, no kernel
+  std::atomic<uint64_t> native{0}; // a backend kernel of its own (copy, empty, item, ...)
+};
+
+// Stable per-name counters (never freed).
+OpCounters& op_counters(const std::string& name);
+
+enum class SyncReason { kCopyToHost, kItem, kDataDependent, kBlockingCopy, kNumReasons };
+void count_sync(SyncReason r);
+
+struct MetricsSnapshot {
+  std::map<std::string, std::map<std::string, uint64_t>> ops;
+  std::map<std::string, uint64_t> syncs;
+};
+MetricsSnapshot metrics_snapshot();
+void reset_metrics();
+
+}  // namespace neuronx

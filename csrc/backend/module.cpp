@@ -1,0 +1,191 @@
+// torch_neuronx._C: the Python-facing entry points of the backend. Only
+// control-plane calls live here (device management, memory statistics,
+// metrics); the per-op path never enters Python.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <torch/csrc/Generator.h>
+
+#include "backend/generator.h"
+
+#include "backend/common.h"
+#include "backend/metrics.h"
+#include "backend/python_hooks.h"
+#include "runtime/host_allocator.h"
+
+namespace py = pybind11;
+
+namespace neuronx {
+
+void register_hooks();
+
+namespace {
+
+VoidFn g_clear_python_error = nullptr;
+
+py::dict stat_dict(const rt::Stat& s) {
+  py::dict d;
+  d["current"] = s.current;
+  d["peak"] = s.peak;
+  d["allocated"] = s.allocated;
+  d["freed"] = s.freed;
+  return d;
+}
+
+py::dict stat_array(const rt::StatArray& a) {
+  py::dict d;
+  d["all"] = stat_dict(a[rt::kAggregate]);
+  d["small_pool"] = stat_dict(a[rt::kSmallPool]);
+  d["large_pool"] = stat_dict(a[rt::kLargePool]);
+  return d;
+}
+
+py::dict memory_stats(int device) {
+  const rt::AllocatorStats s = runtime_device(device).allocator().stats();
+  py::dict d;
+  d["allocation"] = stat_array(s.allocation);
+  d["segment"] = stat_array(s.segment);
+  d["active"] = stat_array(s.active);
+  d["inactive_split"] = stat_array(s.inactive_split);
+  d["allocated_bytes"] = stat_array(s.allocated_bytes);
+  d["reserved_bytes"] = stat_array(s.reserved_bytes);
+  d["active_bytes"] = stat_array(s.active_bytes);
+  d["inactive_split_bytes"] = stat_array(s.inactive_split_bytes);
+  d["requested_bytes"] = stat_array(s.requested_bytes);
+  d["num_alloc_retries"] = s.num_alloc_retries;
+  d["num_ooms"] = s.num_ooms;
+  d["num_device_alloc"] = s.num_device_alloc;
+  d["num_device_free"] = s.num_device_free;
+  d["oversize_allocations"] = stat_dict(s.oversize_allocations);
+  d["oversize_segments"] = stat_dict(s.oversize_segments);
+  d["max_split_size"] = s.max_split_size;
+  return d;
+}
+
+py::list memory_snapshot(int device) {
+  py::list out;
+  for (const auto& seg : runtime_device(device).allocator().snapshot()) {
+    py::dict d;
+    d["device"] = device;
+    d["address"] = seg.address;
+    d["total_size"] = seg.total_size;
+    d["allocated_size"] = seg.allocated_size;
+    d["requested_size"] = seg.requested_size;
+    d["segment_type"] = seg.is_large ? "large" : "small";
+    py::list blocks;
+    size_t addr = seg.address;
+    for (const auto& b : seg.blocks) {
+      py::dict bd;
+      bd["address"] = addr;
+      bd["size"] = b.size;
+      bd["requested_size"] = b.requested_size;
+      bd["state"] = b.allocated ? "active_allocated" : "inactive";
+      blocks.append(bd);
+      addr += b.size;
+    }
+    d["blocks"] = blocks;
+    out.append(d);
+  }
+  return out;
+}
+
+}  // namespace
+
+void set_clear_python_error(VoidFn fn) { g_clear_python_error = fn; }
+void clear_python_error() {
+  if (!g_clear_python_error) return;
+  py::gil_scoped_acquire gil;
+  g_clear_python_error();
+}
+
+}  // namespace neuronx
+
+PYBIND11_MODULE(_C, m) {
+  using namespace neuronx;
+  m.doc() = "torch-neuronx backend (simulated NeuronCore runtime)";
+  register_hooks();
+  set_clear_python_error([] { PyErr_Clear(); });
+
+  m.def("_device_count", [] { return rt::device_count(); });
+  m.def("_config_error", [] { return rt::config_error(); });
+  m.def("_is_initialized", [] { return rt::is_initialized(); });
+  m.def("_in_bad_fork", [] { return rt::in_bad_fork(); });
+  m.def("_init", [] { at::detail::getPrivateUse1Hooks().init(); });
+  m.def("_launch_blocking", [] { return rt::config().launch_blocking; });
+  m.def("_current_device", [] { return static_cast<int>(current_device()); });
+  m.def("_set_device", [](int d) { set_current_device(static_cast<c10::DeviceIndex>(d)); });
+  m.def("_synchronize", [](int d) {
+    py::gil_scoped_release nogil;
+    rt::Device& dev = runtime_device(d);
+    translate([&] { dev.synchronize(); });
+  });
+  m.def("_device_properties", [](int d) {
+    rt::Device& dev = runtime_device(d);
+    py::dict p;
+    p["name"] = "NeuronCore-v2 (simulated)";
+    p["index"] = d;
+    p["physical_core"] = dev.physical_core();
+    p["total_memory"] = dev.allocator().capacity();
+    return p;
+  });
+  m.def("_default_generator", [](int d) {
+    const at::Generator& g = default_generator(static_cast<c10::DeviceIndex>(d));
+    return py::reinterpret_steal<py::object>(THPGenerator_initDefaultGenerator(g));
+  });
+  m.def("_physical_cores", [] { return rt::config().visible; });
+  m.def("_sim_cores", [] { return rt::config().sim_cores; });
+
+  m.def("_memory_stats", [](int d) { return memory_stats(d); });
+  m.def("_memory_snapshot", [](int d) { return memory_snapshot(d); });
+  m.def("_empty_cache", [] {
+    if (!rt::is_initialized()) return;
+    for (int i = 0; i < rt::device_count(); ++i) runtime_device(i).allocator().empty_cache();
+  });
+  m.def("_reset_peak_memory_stats", [](int d) { runtime_device(d).allocator().reset_peak_stats(); });
+  m.def("_reset_accumulated_memory_stats", [](int d) { runtime_device(d).allocator().reset_accumulated_stats(); });
+  m.def("_mem_get_info", [](int d) {
+    auto& a = runtime_device(d).allocator();
+    const size_t cap = a.limit() ? a.limit() : a.capacity();
+    const size_t reserved = a.reserved();
+    return std::make_pair(cap > reserved ? cap - reserved : 0, a.capacity());
+  });
+  m.def("_set_memory_fraction", [](double fraction, int d) {
+    TORCH_CHECK(fraction > 0 && fraction <= 1, "memory fraction must be in (0, 1], got ", fraction);
+    auto& a = runtime_device(d).allocator();
+    a.set_limit(static_cast<size_t>(fraction * static_cast<double>(a.capacity())));
+  });
+  m.def("_host_memory_stats", [] {
+    const auto s = rt::HostAllocator::instance().stats();
+    py::dict d;
+    d["allocations"] = s.allocations;
+    d["allocated_bytes"] = s.allocated_bytes;
+    d["reserved_bytes"] = s.reserved_bytes;
+    d["peak_allocated_bytes"] = s.peak_allocated_bytes;
+    d["num_host_alloc"] = s.num_host_alloc;
+    d["num_host_free"] = s.num_host_free;
+    return d;
+  });
+  m.def("_host_empty_cache", [] { rt::HostAllocator::instance().empty_cache(); });
+
+  m.def("_metrics", [] {
+    const MetricsSnapshot s = metrics_snapshot();
+    py::dict d;
+    d["ops"] = s.ops;
+    d["syncs"] = s.syncs;
+    return d;
+  });
+  m.def("_reset_metrics", &reset_metrics);
+  m.def("_pending_tasks", [](int d) {
+    std::vector<std::pair<uint64_t, std::vector<std::string>>> out;
+    for (rt::Queue* q : runtime_device(d).live_queues()) {
+      std::vector<std::string> names;
+      q->inspect([&](const rt::Task& t) {
+        if (t.kind == rt::Task::Kind::kKernel) names.emplace_back(t.kernel->name());
+        else names.emplace_back(t.kind == rt::Task::Kind::kRecord ? "<event record>" : "<event wait>");
+      });
+      out.emplace_back(q->id(), std::move(names));
+    }
+    return out;
+  });
+}

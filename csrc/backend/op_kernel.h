@@ -1,0 +1,59 @@
+#pragma once
+// A queued ATen op: the operator and its operands (CPU aliases of device
+// buffers, captured at enqueue). Kept as data, not a closure, so queued work
+// can be inspected (and later fused) before it runs.
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "backend/common.h"
+#include "backend/metrics.h"
+#include "runtime/kernel.h"
+
+namespace neuronx {
+
+// What the fallback learned about an operator's schema, computed once.
+struct OpAnalysis {
+  c10::OperatorHandle op;
+  std::string name;                        // "aten::add.Tensor"
+  size_t num_args = 0, num_returns = 0;
+  std::vector<bool> arg_written;           // argument is mutated (Tensor(a!))
+  std::vector<int> ret_arg;                // return aliases this argument, or -1 (new)
+  std::vector<bool> ret_view;              // ...as a view (not a mutated argument)
+  std::vector<int> generator_args;         // Generator? arguments
+  bool any_written = false;
+  bool any_new = false;                    // some return is a fresh tensor
+  bool allow_cpu_operands = false;         // CUDA also accepts host tensors here (indices)
+  std::optional<c10::OperatorHandle> out_op;  // out= form for purely functional ops
+  std::atomic<bool> sync_only{false};      // no meta kernel: always the synchronous path
+  OpCounters* counters = nullptr;
+
+  explicit OpAnalysis(const c10::OperatorHandle& h);
+};
+
+class OpKernel final : public rt::Kernel {
+ public:
+  enum class Mode : uint8_t {
+    kDirect,          // run the op itself on aliases (in-place / out= / mutating ops)
+    kOut,             // run its out= form writing straight into the new outputs
+    kFunctionalCopy,  // run the functional op, copy results into the new outputs
+  };
+  OpKernel(const OpAnalysis* a, Mode m) : op_(a), mode_(m) {}
+  void run() override;
+  const char* name() const override { return op_->name.c_str(); }
+
+  const OpAnalysis& op() const { return *op_; }
+  Mode mode() const { return mode_; }
+  c10::Stack& args() { return args_; }
+  const c10::Stack& args() const { return args_; }
+  // One entry per return: aliases of the new outputs (None for other returns).
+  std::vector<c10::IValue>& outs() { return outs_; }
+
+ private:
+  const OpAnalysis* op_;
+  Mode mode_;
+  c10::Stack args_;
+  std::vector<c10::IValue> outs_;
+};
+
+}  // namespace neuronx

@@ -1,0 +1,306 @@
+#include "runtime/caching_allocator.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <sstream>
+
+#include "runtime/error.h"
+
+namespace neuronx::rt {
+
+namespace {
+
+std::string fmt_bytes(size_t b) {
+  std::ostringstream os;
+  os.precision(2);
+  os << std::fixed;
+  if (b >= (size_t{1} << 30)) os << static_cast<double>(b) / (1 << 30) << " GiB";
+  else if (b >= (size_t{1} << 20)) os << static_cast<double>(b) / (1 << 20) << " MiB";
+  else if (b >= 1024) os << static_cast<double>(b) / 1024 << " KiB";
+  else os << b << " bytes";
+  return os.str();
+}
+
+}  // namespace
+
+CachingAllocator::CachingAllocator(int device, size_t capacity)
+    : device_(device), capacity_(capacity) {}
+
+CachingAllocator::~CachingAllocator() {
+  // Device teardown at process exit: return every segment to the host.
+  std::lock_guard<std::mutex> g(mu_);
+  for (auto& [base, seg] : segments_) {
+    munmap(seg->base, seg->size);
+    for (Block* b = seg->head; b;) {
+      Block* n = b->next;
+      delete b;
+      b = n;
+    }
+    delete seg;
+  }
+}
+
+size_t CachingAllocator::round_size(size_t n) {
+  if (n < kMinBlock) return kMinBlock;
+  return kMinBlock * ((n + kMinBlock - 1) / kMinBlock);
+}
+
+void CachingAllocator::update_stats(bool small, StatArray AllocatorStats::*field, int64_t n) {
+  (stats_.*field)[kAggregate].add(n);
+  (stats_.*field)[small ? kSmallPool : kLargePool].add(n);
+}
+
+CachingAllocator::Block* CachingAllocator::find_free(Pool& pool, size_t size) {
+  Block key;
+  key.size = size;
+  key.ptr = nullptr;
+  auto it = pool.lower_bound(&key);
+  if (it == pool.end()) return nullptr;
+  Block* b = *it;
+  pool.erase(it);
+  return b;
+}
+
+CachingAllocator::Block* CachingAllocator::new_segment(size_t alloc_size, bool small, size_t requested) {
+  if (reserved_ + alloc_size > effective_capacity()) {
+    stats_.num_alloc_retries++;
+    if (!release_cached(alloc_size) || reserved_ + alloc_size > effective_capacity()) return nullptr;
+  }
+  void* mem = mmap(nullptr, alloc_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (mem == MAP_FAILED) return nullptr;
+  auto* seg = new Segment{static_cast<char*>(mem), alloc_size, small, nullptr, this};
+  auto* b = new Block;
+  b->size = alloc_size;
+  b->ptr = seg->base;
+  b->seg = seg;
+  b->requested = requested;
+  seg->head = b;
+  segments_[seg->base] = seg;
+  reserved_ += alloc_size;
+  stats_.num_device_alloc++;
+  update_stats(small, &AllocatorStats::segment, 1);
+  update_stats(small, &AllocatorStats::reserved_bytes, static_cast<int64_t>(alloc_size));
+  return b;
+}
+
+void CachingAllocator::release_segment(Segment* s) {
+  Pool& pool = s->small ? small_pool_ : large_pool_;
+  pool.erase(s->head);
+  update_stats(s->small, &AllocatorStats::segment, -1);
+  update_stats(s->small, &AllocatorStats::reserved_bytes, -static_cast<int64_t>(s->size));
+  reserved_ -= s->size;
+  stats_.num_device_free++;
+  segments_.erase(s->base);
+  munmap(s->base, s->size);
+  delete s->head;
+  delete s;
+}
+
+bool CachingAllocator::release_cached(size_t needed) {
+  // Free whole unused segments, largest first, until `needed` fits.
+  std::vector<Segment*> idle;
+  for (auto& [base, seg] : segments_)
+    if (!seg->head->allocated && seg->head->next == nullptr) idle.push_back(seg);
+  std::sort(idle.begin(), idle.end(), [](Segment* a, Segment* b) { return a->size > b->size; });
+  bool freed = false;
+  for (Segment* s : idle) {
+    if (reserved_ + needed <= effective_capacity()) break;
+    release_segment(s);
+    freed = true;
+  }
+  return freed;
+}
+
+void* CachingAllocator::malloc(size_t n, void** handle) {
+  *handle = nullptr;
+  if (n == 0) return nullptr;
+  std::lock_guard<std::mutex> g(mu_);
+  const size_t size = round_size(n);
+  const bool small = size <= kSmallSize;
+  Pool& pool = small ? small_pool_ : large_pool_;
+  Block* b = find_free(pool, size);
+  if (!b) {
+    size_t seg_size = small ? kSmallBuffer
+                            : (size < kMinLargeAlloc ? kLargeBuffer
+                                                     : kRoundLarge * ((size + kRoundLarge - 1) / kRoundLarge));
+    b = new_segment(seg_size, small, n);
+    if (!b) {
+      stats_.num_ooms++;
+      const size_t cap = effective_capacity();
+      const size_t free_bytes = cap > reserved_ ? cap - reserved_ : 0;
+      std::ostringstream os;
+      os << "neuron out of memory. Tried to allocate " << fmt_bytes(n) << ". neuron:" << device_
+         << " has a total capacity of " << fmt_bytes(capacity_);
+      if (limit_) os << " (limited to " << fmt_bytes(limit_) << " by the memory fraction)";
+      os << ", of which " << fmt_bytes(free_bytes) << " is free. "
+         << fmt_bytes(static_cast<size_t>(stats_.allocated_bytes[kAggregate].current))
+         << " is allocated by PyTorch, and " << fmt_bytes(reserved_)
+         << " is reserved by PyTorch but unallocated memory counts toward it. "
+         << "Free tensors you no longer need (del, then torch.neuron.empty_cache()), use smaller "
+            "batches, or raise TORCH_NEURONX_SIM_HBM. See torch.neuron.memory_summary() for details.";
+      throw Error(ErrorCode::kOutOfMemory, os.str());
+    }
+  }
+  // Split off the remainder when it is worth keeping.
+  const size_t remaining = b->size - size;
+  const bool split = small ? remaining >= kMinBlock : remaining > kSmallSize;
+  if (split) {
+    auto* rest = new Block;
+    rest->size = remaining;
+    rest->ptr = b->ptr + size;
+    rest->seg = b->seg;
+    rest->prev = b;
+    rest->next = b->next;
+    if (b->next) b->next->prev = rest;
+    b->next = rest;
+    b->size = size;
+    pool.insert(rest);
+  }
+  b->allocated = true;
+  b->requested = n;
+  update_stats(small, &AllocatorStats::allocation, 1);
+  update_stats(small, &AllocatorStats::active, 1);
+  update_stats(small, &AllocatorStats::allocated_bytes, static_cast<int64_t>(b->size));
+  update_stats(small, &AllocatorStats::active_bytes, static_cast<int64_t>(b->size));
+  update_stats(small, &AllocatorStats::requested_bytes, static_cast<int64_t>(n));
+  *handle = b;
+  return b->ptr;
+}
+
+void CachingAllocator::free(void* handle) {
+  if (!handle) return;
+  std::lock_guard<std::mutex> g(mu_);
+  Block* b = static_cast<Block*>(handle);
+  const bool small = b->seg->small;
+  Pool& pool = small ? small_pool_ : large_pool_;
+  b->allocated = false;
+  update_stats(small, &AllocatorStats::allocation, -1);
+  update_stats(small, &AllocatorStats::active, -1);
+  update_stats(small, &AllocatorStats::allocated_bytes, -static_cast<int64_t>(b->size));
+  update_stats(small, &AllocatorStats::active_bytes, -static_cast<int64_t>(b->size));
+  update_stats(small, &AllocatorStats::requested_bytes, -static_cast<int64_t>(b->requested));
+  b->requested = 0;
+  // Coalesce with free neighbours.
+  for (Block* nb : {b->prev, b->next}) {
+    if (!nb || nb->allocated) continue;
+    pool.erase(nb);
+    if (nb == b->prev) {
+      nb->size += b->size;
+      nb->next = b->next;
+      if (b->next) b->next->prev = nb;
+      if (b->seg->head == b) b->seg->head = nb;
+      delete b;
+      b = nb;
+    } else {
+      b->size += nb->size;
+      b->next = nb->next;
+      if (nb->next) nb->next->prev = b;
+      delete nb;
+    }
+  }
+  pool.insert(b);
+}
+
+void CachingAllocator::release(void* handle) {
+  if (handle) static_cast<Block*>(handle)->seg->owner->free(handle);
+}
+
+bool CachingAllocator::owns(const void* ptr) const {
+  std::lock_guard<std::mutex> g(mu_);
+  auto p = static_cast<const char*>(ptr);
+  for (auto& [base, seg] : segments_)
+    if (p >= seg->base && p < seg->base + seg->size) return true;
+  return false;
+}
+
+void CachingAllocator::empty_cache() {
+  std::lock_guard<std::mutex> g(mu_);
+  std::vector<Segment*> idle;
+  for (auto& [base, seg] : segments_)
+    if (!seg->head->allocated && seg->head->next == nullptr) idle.push_back(seg);
+  for (Segment* s : idle) release_segment(s);
+}
+
+AllocatorStats CachingAllocator::stats() const {
+  std::lock_guard<std::mutex> g(mu_);
+  AllocatorStats s = stats_;
+  // inactive_split(_bytes): free blocks in segments that are split.
+  for (auto& [base, seg] : segments_) {
+    if (seg->head->next == nullptr) continue;
+    for (Block* b = seg->head; b; b = b->next) {
+      if (b->allocated) continue;
+      int t = seg->small ? kSmallPool : kLargePool;
+      for (int k : {static_cast<int>(kAggregate), t}) {
+        s.inactive_split[k].current += 1;
+        s.inactive_split_bytes[k].current += static_cast<int64_t>(b->size);
+      }
+    }
+  }
+  for (int k = 0; k < kNumStatTypes; ++k) {
+    s.inactive_split[k].peak = std::max(s.inactive_split[k].peak, s.inactive_split[k].current);
+    s.inactive_split_bytes[k].peak =
+        std::max(s.inactive_split_bytes[k].peak, s.inactive_split_bytes[k].current);
+  }
+  return s;
+}
+
+void CachingAllocator::reset_accumulated_stats() {
+  std::lock_guard<std::mutex> g(mu_);
+  for (auto* arr : {&stats_.allocation, &stats_.segment, &stats_.active, &stats_.inactive_split,
+                    &stats_.allocated_bytes, &stats_.reserved_bytes, &stats_.active_bytes,
+                    &stats_.inactive_split_bytes, &stats_.requested_bytes})
+    for (auto& st : *arr) st.reset_accumulated();
+  stats_.num_alloc_retries = stats_.num_ooms = 0;
+  stats_.num_device_alloc = stats_.num_device_free = 0;
+  stats_.oversize_allocations.reset_accumulated();
+  stats_.oversize_segments.reset_accumulated();
+}
+
+void CachingAllocator::reset_peak_stats() {
+  std::lock_guard<std::mutex> g(mu_);
+  for (auto* arr : {&stats_.allocation, &stats_.segment, &stats_.active, &stats_.inactive_split,
+                    &stats_.allocated_bytes, &stats_.reserved_bytes, &stats_.active_bytes,
+                    &stats_.inactive_split_bytes, &stats_.requested_bytes})
+    for (auto& st : *arr) st.reset_peak();
+  stats_.oversize_allocations.reset_peak();
+  stats_.oversize_segments.reset_peak();
+}
+
+std::vector<SegmentInfo> CachingAllocator::snapshot() const {
+  std::lock_guard<std::mutex> g(mu_);
+  std::vector<SegmentInfo> out;
+  for (auto& [base, seg] : segments_) {
+    SegmentInfo si;
+    si.address = reinterpret_cast<uintptr_t>(seg->base);
+    si.total_size = seg->size;
+    si.is_large = !seg->small;
+    for (Block* b = seg->head; b; b = b->next) {
+      si.blocks.push_back({b->size, b->requested, b->allocated});
+      if (b->allocated) {
+        si.allocated_size += b->size;
+        si.requested_size += b->requested;
+      }
+    }
+    out.push_back(std::move(si));
+  }
+  std::sort(out.begin(), out.end(), [](auto& a, auto& b) { return a.address < b.address; });
+  return out;
+}
+
+size_t CachingAllocator::reserved() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return reserved_;
+}
+
+void CachingAllocator::set_limit(size_t bytes) {
+  std::lock_guard<std::mutex> g(mu_);
+  limit_ = bytes > capacity_ ? capacity_ : bytes;
+}
+
+size_t CachingAllocator::limit() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return limit_;
+}
+
+}  // namespace neuronx::rt

@@ -1,0 +1,32 @@
+#pragma once
+// What a queue executes. The runtime sees a kernel as a named unit of work;
+// the layer above subclasses it with the op and its operands, so queued work
+// stays inspectable (the adaptive-eager tier reads it before it runs).
+#include <functional>
+#include <string>
+#include <utility>
+
+namespace neuronx::rt {
+
+class Kernel {
+ public:
+  virtual ~Kernel() = default;
+  virtual void run() = 0;
+  virtual const char* name() const = 0;
+  // Where the host enqueued this kernel ("file.py:12"), if the caller knows.
+  std::string origin;
+};
+
+// A kernel from a callable; used for copies, markers and tests.
+class FunctionKernel final : public Kernel {
+ public:
+  FunctionKernel(const char* name, std::function<void()> fn) : name_(name), fn_(std::move(fn)) {}
+  void run() override { fn_(); }
+  const char* name() const override { return name_; }
+
+ private:
+  const char* name_;
+  std::function<void()> fn_;
+};
+
+}  // namespace neuronx::rt

@@ -1,0 +1,268 @@
+#include "runtime/queue.h"
+
+#include <algorithm>
+
+#include "runtime/config.h"
+
+namespace neuronx::rt {
+
+namespace {
+
+std::atomic<TaskObserver> g_observer{nullptr};
+
+std::mutex& engines_mu() {
+  static auto* m = new std::mutex;
+  return *m;
+}
+std::vector<Engine*>& engines() {
+  static auto* v = new std::vector<Engine*>;
+  return *v;
+}
+
+}  // namespace
+
+void set_task_observer(TaskObserver fn) { g_observer.store(fn); }
+
+// ---------------------------------------------------------------- Queue
+
+Queue::Queue(Engine* engine, int device, uint64_t id, int priority)
+    : engine_(engine), device_(device), id_(id), priority_(priority) {
+  engine_->attach(this);
+}
+
+uint64_t Queue::submit(Task&& t) {
+  std::unique_lock<std::mutex> lk(engine_->mu_);
+  engine_->ensure_started_locked();
+  t.seq = ++submitted_;
+  uint64_t seq = t.seq;
+  tasks_.push_back(std::move(t));
+  engine_->pending_.fetch_add(1, std::memory_order_release);
+  if (engine_->idle_) {
+    lk.unlock();
+    engine_->work_cv_.notify_one();
+  }
+  return seq;
+}
+
+void Queue::launch(std::unique_ptr<Kernel> k) {
+  Task t;
+  t.kind = Task::Kind::kKernel;
+  t.kernel = std::move(k);
+  submit(std::move(t));
+  if (config().launch_blocking) synchronize();
+}
+
+void Queue::record(std::shared_ptr<Event> e, uint64_t version) {
+  Task t;
+  t.kind = Task::Kind::kRecord;
+  t.event = std::move(e);
+  t.version = version;
+  submit(std::move(t));
+}
+
+void Queue::wait(std::shared_ptr<Event> e, uint64_t version) {
+  if (e->reached(version)) return;
+  Task t;
+  t.kind = Task::Kind::kWait;
+  t.event = std::move(e);
+  t.version = version;
+  submit(std::move(t));
+}
+
+void Queue::synchronize() {
+  std::shared_ptr<const TaskError> err;
+  {
+    std::unique_lock<std::mutex> lk(engine_->mu_);
+    const uint64_t target = submitted_;
+    engine_->sync_waiters_++;
+    engine_->done_cv_.wait(lk, [&] { return completed_ >= target; });
+    engine_->sync_waiters_--;
+    err = std::move(error_);
+    error_.reset();
+  }
+  if (err) throw Error(ErrorCode::kKernelFailed, err->describe());
+}
+
+void Queue::wait_idle() {
+  std::unique_lock<std::mutex> lk(engine_->mu_);
+  const uint64_t target = submitted_;
+  engine_->sync_waiters_++;
+  engine_->done_cv_.wait(lk, [&] { return completed_ >= target; });
+  engine_->sync_waiters_--;
+}
+
+bool Queue::query() const {
+  std::lock_guard<std::mutex> lk(engine_->mu_);
+  return completed_ >= submitted_;
+}
+
+size_t Queue::pending() const {
+  std::lock_guard<std::mutex> lk(engine_->mu_);
+  return static_cast<size_t>(submitted_ - completed_);
+}
+
+void Queue::inspect(const std::function<void(const Task&)>& fn) const {
+  std::lock_guard<std::mutex> lk(engine_->mu_);
+  for (const Task& t : tasks_) fn(t);
+}
+
+std::shared_ptr<const TaskError> Queue::take_error() {
+  std::lock_guard<std::mutex> lk(engine_->mu_);
+  auto e = std::move(error_);
+  error_.reset();
+  return e;
+}
+
+std::shared_ptr<const TaskError> Queue::peek_error() const {
+  std::lock_guard<std::mutex> lk(engine_->mu_);
+  return error_;
+}
+
+void Queue::clear_error_if(const TaskError* e) {
+  std::lock_guard<std::mutex> lk(engine_->mu_);
+  if (error_.get() == e) error_.reset();
+}
+
+// ---------------------------------------------------------------- Engine
+
+Engine::Engine(int device, std::string name) : device_(device), name_(std::move(name)) {
+  std::lock_guard<std::mutex> g(engines_mu());
+  engines().push_back(this);
+}
+
+Engine::~Engine() {
+  {
+    std::lock_guard<std::mutex> g(engines_mu());
+    auto& v = engines();
+    v.erase(std::remove(v.begin(), v.end(), this), v.end());
+  }
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = true;
+  }
+  work_cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void Engine::attach(Queue* q) {
+  std::lock_guard<std::mutex> lk(mu_);
+  queues_.push_back(q);
+  // Highest priority first (lower number = higher priority, as in CUDA).
+  std::stable_sort(queues_.begin(), queues_.end(),
+                   [](Queue* a, Queue* b) { return a->priority_ < b->priority_; });
+}
+
+void Engine::ensure_started_locked() {
+  if (started_) return;
+  started_ = true;
+  thread_ = std::thread([this] { loop(); });
+}
+
+void Engine::wake() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!idle_) return;
+  }
+  work_cv_.notify_one();
+}
+
+void Engine::wake_all() {
+  std::lock_guard<std::mutex> g(engines_mu());
+  for (Engine* e : engines()) e->wake();
+}
+
+Queue* Engine::pick_locked() {
+  Queue* best = nullptr;
+  for (Queue* q : queues_) {
+    if (q->tasks_.empty() || q->running_) continue;
+    const Task& head = q->tasks_.front();
+    if (head.kind == Task::Kind::kWait && !head.event->reached(head.version)) continue;
+    if (!best) {
+      best = q;
+    } else if (q->priority_ != best->priority_) {
+      break;  // sorted: every remaining queue has lower priority
+    } else if (q->last_served_ < best->last_served_) {
+      best = q;
+    }
+  }
+  return best;
+}
+
+void Engine::loop() {
+  std::unique_lock<std::mutex> lk(mu_);
+  while (true) {
+    Queue* q = pick_locked();
+    if (!q) {
+      if (stop_) return;
+      // Spin briefly: the host usually submits the next op within microseconds,
+      // and a futex wake-up costs more than that.
+      lk.unlock();
+      const int64_t until = now_ns() + 20000;
+      while (pending_.load(std::memory_order_acquire) == 0 && now_ns() < until) std::this_thread::yield();
+      lk.lock();
+      q = pick_locked();
+      if (!q) {
+        if (stop_) return;
+        idle_ = true;
+        work_cv_.wait(lk);
+        idle_ = false;
+        continue;
+      }
+    }
+    Task task = std::move(q->tasks_.front());
+    q->tasks_.pop_front();
+    q->running_ = true;
+    q->last_served_ = ++tick_;
+    pending_.fetch_sub(1, std::memory_order_acq_rel);
+    std::shared_ptr<const TaskError> poisoned = q->error_;
+    lk.unlock();
+
+    const int64_t start = now_ns();
+    bool failed = false, skipped = false;
+    std::shared_ptr<const TaskError> new_error;
+    switch (task.kind) {
+      case Task::Kind::kKernel:
+        if (poisoned) {
+          skipped = true;  // outputs of work after a failure are undefined until it is reported
+        } else {
+          try {
+            task.kernel->run();
+          } catch (const std::exception& ex) {
+            failed = true;
+            auto te = std::make_shared<TaskError>();
+            te->op = task.kernel->name();
+            te->message = ex.what();
+            te->origin = task.kernel->origin;
+            new_error = std::move(te);
+          } catch (...) {
+            failed = true;
+            auto te = std::make_shared<TaskError>();
+            te->op = task.kernel->name();
+            te->message = "unknown exception";
+            new_error = std::move(te);
+          }
+        }
+        break;
+      case Task::Kind::kRecord:
+        task.event->complete(task.version, start, poisoned, q);
+        break;
+      case Task::Kind::kWait:
+        break;  // picked only once the event was reached
+    }
+    const int64_t end = now_ns();
+    if (TaskObserver obs = g_observer.load(std::memory_order_relaxed); obs && task.kind == Task::Kind::kKernel)
+      obs(TaskRecord{task.kernel->name(), device_, q->id_, 0, start, end, failed, skipped});
+    // Release operands (device buffers) before reporting completion, so a
+    // synchronize() that returns sees the memory already back in the pool.
+    task.kernel.reset();
+    task.event.reset();
+
+    lk.lock();
+    if (new_error && !q->error_) q->error_ = std::move(new_error);
+    q->completed_ = task.seq;
+    q->running_ = false;
+    if (sync_waiters_ > 0) done_cv_.notify_all();
+  }
+}
+
+}  // namespace neuronx::rt

@@ -1,0 +1,117 @@
+#pragma once
+// Hardware queues and the engines that execute them.
+//
+// A Queue is a FIFO of tasks (a stream). An Engine is one execution unit of a
+// NeuronCore: a worker thread serving a set of queues, always taking the
+// ready head task of the highest-priority queue (round robin among equals).
+// A task waiting on an event that has not completed blocks only its queue.
+//
+// Error model: a kernel that throws poisons its queue. Later kernels on that
+// queue are skipped until the error is reported by a synchronization that
+// covers it (queue/device/event sync); then the queue runs normally again.
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "runtime/error.h"
+#include "runtime/event.h"
+#include "runtime/kernel.h"
+
+namespace neuronx::rt {
+
+class Engine;
+
+struct Task {
+  enum class Kind : uint8_t { kKernel, kRecord, kWait };
+  Kind kind = Kind::kKernel;
+  std::unique_ptr<Kernel> kernel;
+  std::shared_ptr<Event> event;
+  uint64_t version = 0;
+  uint64_t seq = 0;
+};
+
+// Per-task timing, delivered to an observer (the profiler) when one is set.
+struct TaskRecord {
+  const char* name;
+  int device;
+  uint64_t queue_id;
+  int64_t enqueue_ns, start_ns, end_ns;
+  bool failed, skipped;
+};
+using TaskObserver = void (*)(const TaskRecord&);
+void set_task_observer(TaskObserver fn);
+
+class Queue {
+ public:
+  Queue(Engine* engine, int device, uint64_t id, int priority);
+  int device() const { return device_; }
+  uint64_t id() const { return id_; }
+  int priority() const { return priority_; }
+
+  // Enqueue a kernel. With NEURON_LAUNCH_BLOCKING=1 waits for it and throws
+  // its error here.
+  void launch(std::unique_ptr<Kernel> k);
+  void record(std::shared_ptr<Event> e, uint64_t version);
+  void wait(std::shared_ptr<Event> e, uint64_t version);
+
+  void synchronize();   // waits for everything submitted so far; reports errors
+  void wait_idle();     // waits likewise but leaves any error for the next synchronize()
+  bool query() const;   // true when idle
+  size_t pending() const;
+  // Visits queued, not yet started tasks in order, under the engine lock.
+  void inspect(const std::function<void(const Task&)>& fn) const;
+
+  // Returns and clears the recorded error (nullptr when none).
+  std::shared_ptr<const TaskError> take_error();
+  void clear_error_if(const TaskError* e);
+  std::shared_ptr<const TaskError> peek_error() const;
+
+ private:
+  friend class Engine;
+  uint64_t submit(Task&& t);
+  Engine* engine_;
+  const int device_;
+  const uint64_t id_;
+  const int priority_;
+  std::deque<Task> tasks_;       // guarded by engine_->mu_
+  uint64_t submitted_ = 0;       // guarded by engine_->mu_
+  uint64_t completed_ = 0;       // guarded by engine_->mu_
+  uint64_t last_served_ = 0;     // guarded by engine_->mu_
+  bool running_ = false;         // guarded by engine_->mu_
+  std::shared_ptr<const TaskError> error_;  // guarded by engine_->mu_
+};
+
+class Engine {
+ public:
+  Engine(int device, std::string name);
+  ~Engine();
+  void attach(Queue* q);
+  static void wake_all();  // an event completed: blocked queues may be ready
+
+ private:
+  friend class Queue;
+  void loop();
+  Queue* pick_locked();
+  void wake();
+  void ensure_started_locked();
+
+  const int device_;
+  const std::string name_;
+  mutable std::mutex mu_;
+  std::condition_variable work_cv_, done_cv_;
+  std::vector<Queue*> queues_;
+  std::thread thread_;
+  bool started_ = false, stop_ = false, idle_ = false;
+  int sync_waiters_ = 0;
+  uint64_t tick_ = 0;
+  std::atomic<uint64_t> pending_{0};
+};
+
+}  // namespace neuronx::rt

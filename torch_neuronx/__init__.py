@@ -1,0 +1,63 @@
+"""torch-neuronx: the ``neuron`` PyTorch device.
+
+An independent, open implementation of the TorchNeuron design running on a
+*simulated* NeuronCore (host CPU threads with accelerator semantics). ``import
+torch`` registers the device through the ``torch.backends`` entry point; this
+package never needs to be imported by user code.
+"""
+import atexit as _atexit
+
+import torch
+
+from . import _C
+
+__all__ = ["metrics", "reset_metrics"]
+__version__ = "0.1.0"
+
+
+def _register():
+    if getattr(torch, "neuron", None) is not None and torch._C._get_privateuse1_backend_name() == "neuron":
+        return
+    torch.utils.rename_privateuse1_backend("neuron")
+    from . import neuron as _neuron
+
+    torch._register_device_module("neuron", _neuron)
+    torch.utils.generate_methods_for_privateuse1_backend(
+        for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
+    )
+
+
+_register()
+
+
+def _autoload():
+    """Entry point of the ``torch.backends`` group: importing the package registered the device."""
+
+
+def metrics():
+    """Per-op dispatch counts on neuron, by execution path, and host synchronization points.
+
+    Returns a dict ``{"ops": {op: {"async"|"sync"|"view"|"native": count}}, "syncs": {reason: count}}``.
+    ``async`` ops were enqueued and returned at once; ``sync`` ops drained the stream first
+    (no meta kernel, or an output shape that depends on data); ``view`` ops touched metadata
+    only; ``native`` ops have a neuron kernel of their own (copies, allocation, ``item``).
+    """
+    return _C._metrics()
+
+
+def reset_metrics():
+    """Zero all counters reported by :func:`metrics`."""
+    _C._reset_metrics()
+
+
+def _shutdown():
+    # Let queued work finish before the interpreter tears down tensors it uses.
+    if _C._is_initialized() and not _C._in_bad_fork():
+        for d in range(_C._device_count()):
+            try:
+                _C._synchronize(d)
+            except RuntimeError:
+                pass
+
+
+_atexit.register(_shutdown)
