@@ -16,6 +16,7 @@
 #include <unordered_map>
 
 #include "backend/generator.h"
+#include "backend/meta_cache.h"
 #include "backend/metrics.h"
 #include "backend/op_kernel.h"
 #include "backend/python_hooks.h"
@@ -242,7 +243,7 @@ c10::IValue meta_operand(const c10::IValue& v) {
 at::Tensor adopt_host_result(const at::Tensor& r, c10::DeviceIndex d) {
   if (!r.defined()) return r;
   at::Tensor m = r.is_non_overlapping_and_dense() ? r : r.contiguous();
-  at::Tensor out = empty_like_meta(meta_twin(m), d);
+  at::Tensor out = empty_with_geometry(Geometry::of(m), d);
   cpu_alias(out).copy_(r);
   return out;
 }
@@ -272,7 +273,7 @@ void sync_path(OpAnalysis& a, c10::Stack* stack, c10::DeviceIndex d) {
     if (host_t.sizes() == dev_t.sizes() && host_t.strides() == dev_t.strides() &&
         host_t.storage().data_ptr().get() == dev_t.storage().data_ptr().get())
       continue;
-    adopt_geometry(dev_t, meta_twin(host_t));
+    adopt_geometry(dev_t, Geometry::of(host_t));
     cpu_alias(dev_t).copy_(host_t);
   }
   std::vector<c10::IValue> results(cpu.begin(), cpu.end());
@@ -282,7 +283,7 @@ void sync_path(OpAnalysis& a, c10::Stack* stack, c10::DeviceIndex d) {
     if (k >= 0 && !a.ret_view[r]) {
       stack->push_back(originals[k]);
     } else if (k >= 0 && originals[k].isTensor() && results[r].isTensor()) {
-      stack->push_back(view_with_geometry(originals[k].toTensor(), meta_twin(results[r].toTensor())));
+      stack->push_back(view_with_geometry(originals[k].toTensor(), Geometry::of(results[r].toTensor())));
     } else {
       stack->push_back(map_tensors(results[r], [&](const at::Tensor& t) { return adopt_host_result(t, d); }));
     }
@@ -296,14 +297,10 @@ bool meta_unavailable(const std::exception& e) {
          msg.find("data-dependent") != std::string::npos || msg.find("data dependent") != std::string::npos;
 }
 
-void neuron_fallback(const c10::OperatorHandle& op, c10::Stack* stack) {
-  OpAnalysis& a = analysis_for(op);
-  auto args = torch::jit::last(*stack, a.num_args);
-  check_supported(a, args);
-  const c10::DeviceIndex d = op_device(a, args);
-  if (a.sync_only.load(std::memory_order_relaxed)) return sync_path(a, stack, d);
-
-  // 1. Output metadata from the meta kernel.
+// Runs the op's meta kernel on meta twins of the operands. nullopt: the op
+// must take the synchronous path (no meta kernel, data-dependent shapes, or
+// results that are host values).
+std::optional<MetaResult> run_meta(OpAnalysis& a, c10::ArrayRef<c10::IValue> args) {
   c10::Stack meta;
   meta.reserve(a.num_args);
   for (const auto& v : args) meta.push_back(meta_operand(v));
@@ -313,11 +310,52 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::Stack* stack) {
   } catch (const c10::Error& e) {
     if (!meta_unavailable(e)) throw;  // the user's error (bad shapes, dtypes): same as CPU would say
     if (dynamic_cast<const c10::NotImplementedError*>(&e)) a.sync_only.store(true);
-    return sync_path(a, stack, d);
-  } catch (const std::exception& e) {
+    return std::nullopt;
+  } catch (const std::exception&) {
     // A Python meta kernel raised: let the CPU kernel decide (and word the error).
     clear_python_error();
-    return sync_path(a, stack, d);
+    return std::nullopt;
+  }
+  MetaResult r;
+  r.returns.resize(a.num_returns);
+  r.return_is_list.resize(a.num_returns, false);
+  for (size_t i = 0; i < a.num_returns && i < meta.size(); ++i) {
+    const c10::IValue& v = meta[i];
+    if (v.isTensor()) {
+      r.returns[i] = std::vector<Geometry>{Geometry::of(v.toTensor())};
+    } else if (v.isTensorList()) {
+      std::vector<Geometry> gs;
+      for (const at::Tensor& t : v.toTensorVector()) gs.push_back(Geometry::of(t));
+      r.returns[i] = std::move(gs);
+      r.return_is_list[i] = true;
+    } else if (!v.isNone()) {
+      a.sync_only.store(true);  // returns a host value (bool, int, ...): must run to know it
+      return std::nullopt;
+    }
+  }
+  for (size_t i = 0; i < a.num_args; ++i)
+    if (a.arg_written[i] && meta_args[i].isTensor() && meta_args[i].toTensor().defined())
+      r.written.emplace_back(i, Geometry::of(meta_args[i].toTensor()));
+  return r;
+}
+
+void neuron_fallback(const c10::OperatorHandle& op, c10::Stack* stack) {
+  OpAnalysis& a = analysis_for(op);
+  auto args = torch::jit::last(*stack, a.num_args);
+  check_supported(a, args);
+  const c10::DeviceIndex d = op_device(a, args);
+  if (a.sync_only.load(std::memory_order_relaxed)) return sync_path(a, stack, d);
+
+  // 1. Output metadata: cached per input signature, else the meta kernel.
+  std::string key;
+  const bool cacheable = MetaCache::make_key(args, key);
+  std::shared_ptr<const MetaResult> mr;
+  if (cacheable) mr = a.meta_cache.find(key);
+  if (!mr) {
+    auto fresh = run_meta(a, args);
+    if (!fresh) return sync_path(a, stack, d);
+    mr = std::make_shared<const MetaResult>(std::move(*fresh));
+    if (cacheable) a.meta_cache.insert(std::move(key), mr);
   }
 
   // 2. Outputs: new tensors, views, and resized out= arguments.
@@ -327,18 +365,20 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::Stack* stack) {
     const int k = a.ret_arg[r];
     if (k >= 0 && !a.ret_view[r]) {
       results[r] = args[k];
-    } else if (k >= 0) {
-      const at::Tensor& base = args[k].toTensor();
-      results[r] = map_tensors(meta[r], [&](const at::Tensor& m) { return view_with_geometry(base, m); });
-    } else {
-      results[r] = map_tensors(meta[r], [&](const at::Tensor& m) { return empty_like_meta(m, d); });
-      launch = launch || meta[r].isTensor() || meta[r].isList();
+      continue;
     }
+    const auto& geoms = mr->returns[r];
+    if (!geoms) continue;  // None
+    std::vector<at::Tensor> ts;
+    ts.reserve(geoms->size());
+    for (const Geometry& g : *geoms)
+      ts.push_back(k >= 0 ? view_with_geometry(args[k].toTensor(), g) : empty_with_geometry(g, d));
+    if (k < 0) launch = true;
+    results[r] = mr->return_is_list[r] ? c10::IValue(c10::List<at::Tensor>(ts)) : c10::IValue(ts[0]);
   }
-  for (size_t i = 0; i < a.num_args; ++i) {
-    if (!a.arg_written[i] || !args[i].isTensor() || !meta_args[i].isTensor()) continue;
+  for (const auto& [i, g] : mr->written) {
     const at::Tensor& t = args[i].toTensor();
-    if (t.defined() && t.device().type() == kNeuron) adopt_geometry(t, meta_args[i].toTensor());
+    if (t.defined() && t.device().type() == kNeuron) adopt_geometry(t, g);
   }
 
   if (!launch) {
@@ -401,6 +441,24 @@ void OpKernel::run() {
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>());
+}
+
+void register_direct_fallbacks() {
+  // Structured ops reach a backend without kernels through generated
+  // CompositeExplicitAutogradNonFunctional wrappers (empty output + out=
+  // call + resize). Sending their functional and in-place forms straight to
+  // the fallback halves the dispatches and lets it pick the out= kernel itself.
+  static auto* lib = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__,
+                                        __LINE__);
+  auto& dispatcher = c10::Dispatcher::singleton();
+  for (const auto& name : dispatcher.getAllOpNames()) {
+    if (name.name.rfind("aten::", 0) != 0) continue;
+    auto h = dispatcher.findSchema(name);
+    if (!h || h->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) continue;
+    if (!h->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional)) continue;
+    const std::string full = name.name.substr(6) + (name.overload_name.empty() ? "" : "." + name.overload_name);
+    lib->impl(full.c_str(), torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>());
+  }
 }
 
 }  // namespace neuronx

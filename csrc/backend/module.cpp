@@ -19,6 +19,7 @@ namespace py = pybind11;
 namespace neuronx {
 
 void register_hooks();
+void register_direct_fallbacks();
 
 namespace {
 
@@ -105,6 +106,7 @@ PYBIND11_MODULE(_C, m) {
   using namespace neuronx;
   m.doc() = "torch-neuronx backend (simulated NeuronCore runtime)";
   register_hooks();
+  register_direct_fallbacks();
   set_clear_python_error([] { PyErr_Clear(); });
 
   m.def("_device_count", [] { return rt::device_count(); });

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "backend/common.h"
+#include "backend/meta_cache.h"
 #include "backend/metrics.h"
 #include "runtime/kernel.h"
 
@@ -27,6 +28,7 @@ struct OpAnalysis {
   std::optional<c10::OperatorHandle> out_op;  // out= form for purely functional ops
   std::atomic<bool> sync_only{false};      // no meta kernel: always the synchronous path
   OpCounters* counters = nullptr;
+  MetaCache meta_cache;
 
   explicit OpAnalysis(const c10::OperatorHandle& h);
 };

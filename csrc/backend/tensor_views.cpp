@@ -52,30 +52,48 @@ at::Tensor meta_twin(const at::Tensor& t) {
   return at::Tensor(std::move(impl));
 }
 
-at::Tensor view_with_geometry(const at::Tensor& base, const at::Tensor& m) {
+Geometry Geometry::of(const at::Tensor& t) {
+  Geometry g;
+  g.sizes.assign(t.sizes().begin(), t.sizes().end());
+  g.strides.assign(t.strides().begin(), t.strides().end());
+  g.offset = t.storage_offset();
+  g.dtype = t.scalar_type();
+  g.conj = t.is_conj();
+  g.neg = t.is_neg();
+  return g;
+}
+
+namespace {
+void apply_flags(c10::TensorImpl* impl, const Geometry& g) {
+  if (g.conj) impl->_set_conj(true);
+  if (g.neg) impl->_set_neg(true);
+}
+}  // namespace
+
+at::Tensor view_with_geometry(const at::Tensor& base, const Geometry& g) {
   auto impl = c10::make_intrusive<c10::TensorImpl>(c10::TensorImpl::VIEW, c10::Storage(base.storage()),
-                                                   base.key_set(), m.dtype());
-  impl->set_sizes_and_strides(m.sizes(), m.strides(), m.storage_offset());
-  copy_flags(impl.get(), m);
+                                                   base.key_set(), c10::scalarTypeToTypeMeta(g.dtype));
+  impl->set_sizes_and_strides(g.sizes, g.strides, g.offset);
+  apply_flags(impl.get(), g);
   return at::Tensor(std::move(impl));
 }
 
-at::Tensor empty_like_meta(const at::Tensor& m, c10::DeviceIndex d) {
-  c10::DeviceGuard g(c10::Device(kNeuron, d));
-  auto t = at::detail::empty_strided_generic(m.sizes(), m.strides(), device_allocator(),
-                                             c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
-                                             m.scalar_type());
-  copy_flags(t.unsafeGetTensorImpl(), m);
+at::Tensor empty_with_geometry(const Geometry& g, c10::DeviceIndex d) {
+  c10::DeviceGuard guard(c10::Device(kNeuron, d));
+  auto t = at::detail::empty_strided_generic(g.sizes, g.strides, device_allocator(),
+                                             c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), g.dtype);
+  apply_flags(t.unsafeGetTensorImpl(), g);
   return t;
 }
 
-void adopt_geometry(const at::Tensor& t, const at::Tensor& m) {
-  if (t.sizes() == m.sizes() && t.strides() == m.strides() && t.storage_offset() == m.storage_offset()) return;
-  const size_t needed = at::detail::computeStorageNbytes(m.sizes(), m.strides(), m.dtype().itemsize(),
-                                                         m.storage_offset());
+void adopt_geometry(const at::Tensor& t, const Geometry& g) {
+  if (t.sizes() == c10::IntArrayRef(g.sizes) && t.strides() == c10::IntArrayRef(g.strides) &&
+      t.storage_offset() == g.offset)
+    return;
+  const size_t needed = at::detail::computeStorageNbytes(g.sizes, g.strides, t.dtype().itemsize(), g.offset);
   c10::StorageImpl* st = t.storage().unsafeGetStorageImpl();
   if (needed > st->nbytes()) resize_storage_bytes(st, needed);
-  t.unsafeGetTensorImpl()->set_sizes_and_strides(m.sizes(), m.strides(), m.storage_offset());
+  t.unsafeGetTensorImpl()->set_sizes_and_strides(g.sizes, g.strides, g.offset);
 }
 
 void resize_storage_bytes(c10::StorageImpl* st, size_t nbytes) {

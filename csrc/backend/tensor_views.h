@@ -2,9 +2,21 @@
 // Tensors that alias device memory under another device type, and device
 // tensors built from metadata. Kernels run ATen's CPU kernels zero-copy on
 // "CPU aliases" of device buffers; output metadata comes from "meta twins".
+#include <c10/util/SmallVector.h>
+
 #include "backend/common.h"
 
 namespace neuronx {
+
+// Sizes, strides, offset and dtype of a tensor: what an op's meta kernel
+// decides about an output.
+struct Geometry {
+  c10::SmallVector<int64_t, 5> sizes, strides;
+  int64_t offset = 0;
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
+  bool conj = false, neg = false;
+  static Geometry of(const at::Tensor& t);
+};
 
 // A CPU tensor over the same bytes, sizes, strides and offset as the neuron
 // tensor t. It keeps t's storage alive and snapshots t's metadata, so later
@@ -15,14 +27,14 @@ at::Tensor cpu_alias(const at::Tensor& t, bool resizable = false);
 // wrapped-number flags) for computing an op's output metadata.
 at::Tensor meta_twin(const at::Tensor& t);
 
-// A neuron tensor that views base's storage with m's geometry and dtype.
-at::Tensor view_with_geometry(const at::Tensor& base, const at::Tensor& m);
+// A neuron tensor that views base's storage with geometry g.
+at::Tensor view_with_geometry(const at::Tensor& base, const Geometry& g);
 
-// A new neuron tensor on device d with m's sizes, strides and dtype.
-at::Tensor empty_like_meta(const at::Tensor& m, c10::DeviceIndex d);
+// A new neuron tensor on device d with g's sizes, strides and dtype.
+at::Tensor empty_with_geometry(const Geometry& g, c10::DeviceIndex d);
 
-// Gives t (neuron) m's sizes/strides/offset, growing its storage if needed.
-void adopt_geometry(const at::Tensor& t, const at::Tensor& m);
+// Gives t (neuron) g's sizes/strides/offset, growing its storage if needed.
+void adopt_geometry(const at::Tensor& t, const Geometry& g);
 
 // Grows or shrinks a neuron storage; existing bytes are copied on the
 // current stream and the old buffer lives until every queue is past it.

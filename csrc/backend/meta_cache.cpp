@@ -1,0 +1,103 @@
+#include "backend/meta_cache.h"
+
+#include <c10/core/DefaultDtype.h>
+
+#include <cstring>
+
+
+namespace neuronx {
+
+namespace {
+
+template <typename T>
+void put(std::string& k, const T& v) {
+  k.append(reinterpret_cast<const char*>(&v), sizeof(T));
+}
+
+void put_tensor(std::string& k, const at::Tensor& t) {
+  if (!t.defined()) {
+    k.push_back('U');
+    return;
+  }
+  k.push_back('T');
+  put(k, static_cast<int8_t>(t.device().type()));
+  put(k, static_cast<int8_t>(t.scalar_type()));
+  const uint8_t flags = (t.unsafeGetTensorImpl()->is_wrapped_number() ? 1 : 0) | (t.is_conj() ? 2 : 0) |
+                        (t.is_neg() ? 4 : 0);
+  put(k, flags);
+  put(k, static_cast<int32_t>(t.dim()));
+  for (int64_t s : t.sizes()) put(k, s);
+  for (int64_t s : t.strides()) put(k, s);
+  put(k, t.storage_offset());
+  if (t.device().type() == kNeuron) put(k, static_cast<int64_t>(t.storage().nbytes()));
+}
+
+bool put_value(std::string& k, const c10::IValue& v) {
+  if (v.isTensor()) {
+    put_tensor(k, v.toTensor());
+  } else if (v.isNone()) {
+    k.push_back('N');
+  } else if (v.isInt()) {
+    k.push_back('i');
+    put(k, v.toInt());
+  } else if (v.isDouble()) {
+    k.push_back('d');
+    put(k, v.toDouble());
+  } else if (v.isBool()) {
+    k.push_back('b');
+    put(k, v.toBool());
+  } else if (v.isComplexDouble()) {
+    k.push_back('c');
+    put(k, v.toComplexDouble());
+  } else if (v.isSymInt()) {
+    auto s = v.toSymInt();
+    if (s.is_heap_allocated()) return false;
+    k.push_back('i');
+    put(k, s.as_int_unchecked());
+  } else if (v.isString()) {
+    k.push_back('s');
+    const auto& s = v.toStringRef();
+    put(k, static_cast<uint32_t>(s.size()));
+    k.append(s);
+  } else if (v.isDevice()) {
+    k.push_back('D');
+    put(k, static_cast<int8_t>(v.toDevice().type()));
+    put(k, static_cast<int8_t>(v.toDevice().index()));
+  } else if (v.isGenerator()) {
+    k.push_back('G');
+  } else if (v.isList()) {
+    k.push_back('L');
+    auto list = v.toListRef();
+    put(k, static_cast<uint32_t>(list.size()));
+    for (const auto& e : list)
+      if (!put_value(k, e)) return false;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+bool MetaCache::make_key(c10::ArrayRef<c10::IValue> args, std::string& key) {
+  key.clear();
+  // Factory-like ops read the default dtype when dtype=None.
+  put(key, static_cast<int8_t>(c10::get_default_dtype_as_scalartype()));
+  for (const auto& v : args)
+    if (!put_value(key, v)) return false;
+  return true;
+}
+
+std::shared_ptr<const MetaResult> MetaCache::find(const std::string& key) {
+  std::lock_guard<std::mutex> g(mu_);
+  auto it = map_.find(key);
+  return it == map_.end() ? nullptr : it->second;
+}
+
+void MetaCache::insert(std::string key, std::shared_ptr<const MetaResult> r) {
+  std::lock_guard<std::mutex> g(mu_);
+  if (map_.size() >= kMaxEntries) map_.clear();  // shapes churn: start over rather than grow
+  map_.emplace(std::move(key), std::move(r));
+}
+
+}  // namespace neuronx

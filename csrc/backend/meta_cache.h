@@ -1,0 +1,38 @@
+#pragma once
+// Output metadata per op and input signature. Meta kernels (many of them
+// Python references) cost tens of microseconds; a training loop repeats the
+// same signatures, so the eager path pays that once per signature.
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "backend/common.h"
+#include "backend/tensor_views.h"
+
+namespace neuronx {
+
+struct MetaResult {
+  // Per return: nullopt = not a tensor (None); else the tensors (one unless a list).
+  std::vector<std::optional<std::vector<Geometry>>> returns;
+  std::vector<bool> return_is_list;
+  std::vector<std::pair<size_t, Geometry>> written;  // final geometry of out= arguments
+};
+
+class MetaCache {
+ public:
+  static constexpr size_t kMaxEntries = 512;
+  // Serializes everything that can change output metadata; false if some
+  // argument kind is not understood (then the op is not cached).
+  static bool make_key(c10::ArrayRef<c10::IValue> args, std::string& key);
+  std::shared_ptr<const MetaResult> find(const std::string& key);
+  void insert(std::string key, std::shared_ptr<const MetaResult> r);
+
+ private:
+  std::mutex mu_;
+  std::unordered_map<std::string, std::shared_ptr<const MetaResult>> map_;
+};
+
+}  // namespace neuronx
