@@ -68,7 +68,12 @@ size_t parse_bytes(const std::string& name, const std::string& value) {
   else if (u == "g" || u == "gb" || u == "gib") mult = 1024.0 * 1024 * 1024;
   else if (u == "t" || u == "tb" || u == "tib") mult = 1024.0 * 1024 * 1024 * 1024;
   else bad(name, value, expect);
-  double bytes = std::stod(num) * mult;
+  double bytes = 0;
+  try {
+    bytes = std::stod(num) * mult;  // "." or a 400-digit number: stod throws its own exceptions
+  } catch (const std::exception&) {
+    bad(name, value, expect);
+  }
   if (bytes < 1 || bytes > 1e18) bad(name, value, expect);
   return static_cast<size_t>(bytes);
 }

@@ -41,10 +41,12 @@ class Device {
  private:
   const int index_, physical_;
   CachingAllocator allocator_;
-  Engine compute_;
   std::mutex mu_;
   std::array<std::unique_ptr<Queue>, 1 + kPriorityLevels * kPoolSize> queues_;
   std::array<std::atomic<uint32_t>, kPriorityLevels> next_{};
+  // Declared last so it is destroyed first: the engine's worker drains and
+  // walks the queues above (and frees into allocator_) until it is joined.
+  Engine compute_;
 };
 
 // Process-wide registry. Throws rt::Error with the configuration problem if

@@ -58,12 +58,14 @@ double Event::elapsed_ms(const Event& start, const Event& end) {
   if (!start.query() || !end.query())
     throw Error(ErrorCode::kInvalidArgument,
                 "elapsed_time needs both events completed: call end_event.synchronize() first");
-  std::lock_guard<std::mutex> a(start.mu_);
-  int64_t t0 = start.timestamp_ns_;
-  int64_t t1;
-  if (&start == &end) {
-    t1 = t0;
-  } else {
+  // One lock at a time: nesting them deadlocks elapsed_ms(a, b) against a
+  // concurrent elapsed_ms(b, a).
+  int64_t t0, t1;
+  {
+    std::lock_guard<std::mutex> a(start.mu_);
+    t0 = start.timestamp_ns_;
+  }
+  {
     std::lock_guard<std::mutex> b(end.mu_);
     t1 = end.timestamp_ns_;
   }
@@ -73,12 +75,15 @@ double Event::elapsed_ms(const Event& start, const Event& end) {
 void Event::complete(uint64_t version, int64_t ts_ns, std::shared_ptr<const TaskError> err, Queue* q) {
   {
     std::lock_guard<std::mutex> lk(mu_);
-    timestamp_ns_ = ts_ns;
-    if (err) {
+    // Only the newest record defines the event: an older record (re-recorded
+    // on another queue) that completes late must not move completed_ back,
+    // and a record's error (or its absence) replaces the previous record's.
+    if (version > completed_.load(std::memory_order_relaxed)) {
+      timestamp_ns_ = ts_ns;
       error_ = std::move(err);
-      error_queue_ = q;
+      error_queue_ = error_ ? q : nullptr;
+      completed_.store(version, std::memory_order_release);
     }
-    completed_.store(version, std::memory_order_release);
   }
   cv_.notify_all();
   Engine::wake_all();
