@@ -13,6 +13,7 @@
 
 #include <mutex>
 #include <shared_mutex>
+#include <string_view>
 #include <unordered_map>
 
 #include "backend/generator.h"
@@ -385,7 +386,7 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::Stack* stack) {
     a.counters->view.fetch_add(1, std::memory_order_relaxed);
   } else {
     // 3. Enqueue the CPU kernel on aliases of the device buffers.
-    const bool use_out = a.out_op.has_value();
+    const bool use_out = a.out_op.has_value() && !a.out_form_resizes.load(std::memory_order_relaxed);
     auto mode = a.any_new ? (use_out ? OpKernel::Mode::kOut : OpKernel::Mode::kFunctionalCopy)
                           : OpKernel::Mode::kDirect;
     auto k = std::make_unique<OpKernel>(&a, mode);
@@ -419,8 +420,17 @@ void OpKernel::run() {
       size_t in = 0, out = 0;
       for (const auto& arg : op_->out_op->schema().arguments())
         s.push_back(arg.is_out() ? outs_[out++] : args_[in++]);
-      op_->out_op->redispatchBoxed(kCPUKeys, &s);
-      return;
+      try {
+        op_->out_op->redispatchBoxed(kCPUKeys, &s);
+        return;
+      } catch (const c10::Error& e) {
+        // Some out= kernels resize their output through an intermediate
+        // shape; device buffers cannot grow inside a kernel. Use the
+        // functional form (now and from now on) and copy the result.
+        if (std::string_view(e.what()).find("not resizable") == std::string_view::npos) throw;
+        op_->out_form_resizes.store(true);
+      }
+      [[fallthrough]];
     }
     case Mode::kFunctionalCopy: {
       op_->op.redispatchBoxed(kCPUKeys, &args_);
@@ -437,6 +447,33 @@ void OpKernel::run() {
       return;
     }
   }
+}
+
+// convolution() sends backends other than CPU/CUDA to the *_overrideable
+// ops; on neuron they are the CPU convolution run on the queue.
+void convolution_overrideable(const c10::OperatorHandle&, c10::Stack* stack) {
+  static const auto conv = c10::Dispatcher::singleton().findSchemaOrThrow("aten::convolution", "");
+  neuron_fallback(conv, stack);
+}
+
+void convolution_backward_overrideable(const c10::OperatorHandle&, c10::Stack* stack) {
+  // (grad_output, input, weight, stride, padding, dilation, transposed,
+  //  output_padding, groups, output_mask) -> convolution_backward, which also
+  // takes the bias sizes after weight.
+  static const auto bwd = c10::Dispatcher::singleton().findSchemaOrThrow("aten::convolution_backward", "");
+  auto args = torch::jit::last(*stack, 10);
+  const at::Tensor& weight = args[2].toTensor();
+  const bool transposed = args[6].toBool();
+  const int64_t groups = args[8].toInt();
+  const int64_t out_channels = transposed ? weight.size(1) * groups : weight.size(0);
+  stack->insert(stack->end() - 7, c10::IValue(std::vector<int64_t>{out_channels}));
+  neuron_fallback(bwd, stack);
+}
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("convolution_overrideable", torch::CppFunction::makeFromBoxedFunction<&convolution_overrideable>());
+  m.impl("convolution_backward_overrideable",
+         torch::CppFunction::makeFromBoxedFunction<&convolution_backward_overrideable>());
 }
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {

@@ -91,9 +91,24 @@ at::Tensor& set_empty(at::Tensor& self) {
   return set_storage(self, std::move(storage), 0, {0}, {});
 }
 
+// Like ATen's CPU resize_, but storage growth goes through
+// resize_storage_bytes: the old bytes are copied on the stream (after queued
+// writes) and the old buffer outlives the kernels still using it.
 const at::Tensor& resize(const at::Tensor& self, c10::IntArrayRef size, std::optional<c10::MemoryFormat> mf) {
-  // at::native::resize_ grows storage through the hooks' resizePrivateUse1Bytes.
-  return at::native::resize_(self, size, mf);
+  for (int64_t s : size) TORCH_CHECK(s >= 0, "Trying to create tensor with negative dimension ", s, ": ", size);
+  auto* impl = self.unsafeGetTensorImpl();
+  impl->set_sizes_contiguous(size);
+  if (impl->numel() > 0) {
+    const size_t needed =
+        at::detail::computeStorageNbytesContiguous(size, self.dtype().itemsize(), self.storage_offset());
+    c10::StorageImpl* st = self.storage().unsafeGetStorageImpl();
+    if (needed > st->nbytes()) resize_storage_bytes(st, needed);
+  }
+  if (mf) {
+    TORCH_CHECK(*mf != c10::MemoryFormat::Preserve, "Unsupported memory format Preserve");
+    impl->empty_tensor_restride(*mf);
+  }
+  return self;
 }
 
 at::Scalar local_scalar_dense(const at::Tensor& self) {
@@ -150,4 +165,16 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("native_dropout", native_dropout);
 }
 
+}  // namespace neuronx
+
+namespace neuronx {
+// Copies carry conj/neg bits into the CPU kernel (the CPU aliases keep them),
+// so _copy_from must not be materialized by the Conjugate/Negative fallbacks
+// (which would call copy_ -> _copy_from again, forever).
+TORCH_LIBRARY_IMPL(aten, Conjugate, m) {
+  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
+}
+TORCH_LIBRARY_IMPL(aten, Negative, m) {
+  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
+}
 }  // namespace neuronx

@@ -27,6 +27,7 @@ struct OpAnalysis {
   bool allow_cpu_operands = false;         // CUDA also accepts host tensors here (indices)
   std::optional<c10::OperatorHandle> out_op;  // out= form for purely functional ops
   std::atomic<bool> sync_only{false};      // no meta kernel: always the synchronous path
+  mutable std::atomic<bool> out_form_resizes{false};  // out= kernel reallocates: use the functional form
   OpCounters* counters = nullptr;
   MetaCache meta_cache;
 
