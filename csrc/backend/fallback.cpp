@@ -240,8 +240,20 @@ c10::IValue meta_operand(const c10::IValue& v) {
   });
 }
 
+void check_supported_result(const OpAnalysis& a, const at::Tensor& t) {
+  if (!t.defined()) return;
+  TORCH_CHECK_NOT_IMPLEMENTED(t.layout() == c10::kStrided, a.name, " would produce a ", t.layout(),
+                              " tensor: sparse tensors are not supported on neuron yet; run this op on CPU");
+  TORCH_CHECK_NOT_IMPLEMENTED(!t.is_quantized() && !c10::isQIntType(t.scalar_type()), a.name,
+                              " would produce a quantized tensor: quantized tensors are not supported on neuron "
+                              "yet; run this op on CPU");
+  TORCH_CHECK_NOT_IMPLEMENTED(!t.is_nested(), a.name,
+                              " would produce a nested tensor: nested tensors are not supported on neuron yet");
+}
+
 // A device tensor holding the host result r (used by the synchronous path).
-at::Tensor adopt_host_result(const at::Tensor& r, c10::DeviceIndex d) {
+at::Tensor adopt_host_result(const OpAnalysis& a, const at::Tensor& r, c10::DeviceIndex d) {
+  check_supported_result(a, r);
   if (!r.defined()) return r;
   at::Tensor m = r.is_non_overlapping_and_dense() ? r : r.contiguous();
   at::Tensor out = empty_with_geometry(Geometry::of(m), d);
@@ -286,7 +298,7 @@ void sync_path(OpAnalysis& a, c10::Stack* stack, c10::DeviceIndex d) {
     } else if (k >= 0 && originals[k].isTensor() && results[r].isTensor()) {
       stack->push_back(view_with_geometry(originals[k].toTensor(), Geometry::of(results[r].toTensor())));
     } else {
-      stack->push_back(map_tensors(results[r], [&](const at::Tensor& t) { return adopt_host_result(t, d); }));
+      stack->push_back(map_tensors(results[r], [&](const at::Tensor& t) { return adopt_host_result(a, t, d); }));
     }
   }
 }
@@ -323,10 +335,14 @@ std::optional<MetaResult> run_meta(OpAnalysis& a, c10::ArrayRef<c10::IValue> arg
   for (size_t i = 0; i < a.num_returns && i < meta.size(); ++i) {
     const c10::IValue& v = meta[i];
     if (v.isTensor()) {
+      check_supported_result(a, v.toTensor());
       r.returns[i] = std::vector<Geometry>{Geometry::of(v.toTensor())};
     } else if (v.isTensorList()) {
       std::vector<Geometry> gs;
-      for (const at::Tensor& t : v.toTensorVector()) gs.push_back(Geometry::of(t));
+      for (const at::Tensor& t : v.toTensorVector()) {
+        check_supported_result(a, t);
+        gs.push_back(Geometry::of(t));
+      }
       r.returns[i] = std::move(gs);
       r.return_is_list[i] = true;
     } else if (!v.isNone()) {
@@ -386,7 +402,11 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::Stack* stack) {
     a.counters->view.fetch_add(1, std::memory_order_relaxed);
   } else {
     // 3. Enqueue the CPU kernel on aliases of the device buffers.
-    const bool use_out = a.out_op.has_value() && !a.out_form_resizes.load(std::memory_order_relaxed);
+    bool all_defined = true;
+    for (const auto& r : results)
+      if (r.isTensor() && !r.toTensor().defined()) all_defined = false;
+    const bool use_out =
+        a.out_op.has_value() && all_defined && !a.out_form_resizes.load(std::memory_order_relaxed);
     auto mode = a.any_new ? (use_out ? OpKernel::Mode::kOut : OpKernel::Mode::kFunctionalCopy)
                           : OpKernel::Mode::kDirect;
     auto k = std::make_unique<OpKernel>(&a, mode);
@@ -399,8 +419,31 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::Stack* stack) {
           k->outs()[r] = map_tensors(results[r], [](const at::Tensor& t) { return cpu_alias(t); });
     }
     rt::Queue& q = current_queue(d);
-    translate([&] { q.launch(std::move(k)); });
-    a.counters->async.fetch_add(1, std::memory_order_relaxed);
+    std::string dtype_key;
+    MetaCache::make_dtype_key(args, dtype_key);
+    if (a.validated(dtype_key)) {
+      translate([&] { q.launch(std::move(k)); });
+      a.counters->async.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      // First call with these dtypes: run inline after the queue drains, so
+      // an unsupported dtype raises here, at the op, as on CPU and CUDA.
+      // Other kernel errors keep the asynchronous contract: they are queued
+      // as the failure of this op and surface at the next synchronization.
+      a.counters->sync.fetch_add(1, std::memory_order_relaxed);
+      translate([&] { q.synchronize(); });
+      try {
+        k->execute();
+        a.mark_validated(std::move(dtype_key));
+      } catch (const c10::NotImplementedError&) {
+        throw;
+      } catch (const c10::Error& e) {
+        a.mark_validated(std::move(dtype_key));
+        std::string msg = e.what_without_backtrace();
+        translate([&] {
+          q.launch(std::make_unique<rt::FunctionKernel>(a.name.c_str(), [msg] { throw std::runtime_error(msg); }));
+        });
+      }
+    }
   }
   torch::jit::drop(*stack, a.num_args);
   for (auto& r : results) stack->push_back(std::move(r));
@@ -408,7 +451,25 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::Stack* stack) {
 
 }  // namespace
 
+bool OpAnalysis::validated(const std::string& dtype_key) {
+  std::lock_guard<std::mutex> g(validated_mu_);
+  return validated_.count(dtype_key) > 0;
+}
+
+void OpAnalysis::mark_validated(std::string dtype_key) {
+  std::lock_guard<std::mutex> g(validated_mu_);
+  validated_.insert(std::move(dtype_key));
+}
+
 void OpKernel::run() {
+  try {
+    execute();
+  } catch (const c10::Error& e) {
+    throw std::runtime_error(e.what_without_backtrace());
+  }
+}
+
+void OpKernel::execute() {
   at::AutoDispatchBelowADInplaceOrView below;
   switch (mode_) {
     case Mode::kDirect:
@@ -436,7 +497,7 @@ void OpKernel::run() {
       op_->op.redispatchBoxed(kCPUKeys, &args_);
       for (size_t r = 0; r < outs_.size() && r < args_.size(); ++r) {
         if (outs_[r].isTensor()) {
-          outs_[r].toTensor().copy_(args_[r].toTensor());
+          if (outs_[r].toTensor().defined()) outs_[r].toTensor().copy_(args_[r].toTensor());
         } else if (outs_[r].isList()) {
           auto dst = outs_[r].toListRef();
           auto src = args_[r].toListRef();

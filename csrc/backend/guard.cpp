@@ -1,6 +1,7 @@
 // c10::impl::DeviceGuardImplInterface for neuron: devices, streams, events.
 // torch.accelerator, torch.Stream/torch.Event and the autograd engine all
 // reach the device through this.
+#include <c10/core/DeviceCapability.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include "backend/common.h"
@@ -13,6 +14,9 @@ using EventHandle = std::shared_ptr<rt::Event>;
 
 rt::Event& event_of(void* h) { return **static_cast<EventHandle*>(h); }
 
+// Streams and devices may come without an index (torch.Stream(device="neuron")).
+c10::DeviceIndex index_of(c10::Device d) { return d.has_index() ? d.index() : current_device(); }
+
 rt::Queue& queue_of(const c10::Stream& s) {
   rt::Device& dev = runtime_device(s.device_index());
   return translate([&]() -> rt::Queue& { return dev.queue(static_cast<uint64_t>(s.id())); });
@@ -24,7 +28,7 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   c10::Device exchangeDevice(c10::Device d) const override {
     TORCH_INTERNAL_ASSERT(d.type() == kNeuron);
     const c10::DeviceIndex old = current_device();
-    if (d.index() != old) set_current_device(d.index());
+    if (index_of(d) != old) set_current_device(index_of(d));
     return c10::Device(kNeuron, old);
   }
   c10::Device getDevice() const override { return c10::Device(kNeuron, current_device()); }
@@ -40,14 +44,26 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   }
 
   c10::Stream getStream(c10::Device d) const noexcept override {
-    return make_stream(d.index(), current_stream_id(d.index()));
+    const auto i = index_of(d);
+    return make_stream(i, current_stream_id(i));
   }
-  c10::Stream getDefaultStream(c10::Device d) const override { return make_stream(d.index(), 0); }
+  c10::Stream getDefaultStream(c10::Device d) const override { return make_stream(index_of(d), 0); }
   c10::Stream getStreamFromGlobalPool(c10::Device d, bool high_priority) const override {
-    return make_stream(d.index(), runtime_device(d.index()).next_pool_stream(high_priority ? -1 : 0));
+    const auto i = index_of(d);
+    return make_stream(i, runtime_device(i).next_pool_stream(high_priority ? -1 : 0));
   }
   c10::Stream getNewStream(c10::Device d, int priority) const override {
-    return make_stream(d.index(), runtime_device(d.index()).next_pool_stream(priority));
+    const auto i = index_of(d);
+    return make_stream(i, runtime_device(i).next_pool_stream(priority));
+  }
+  c10::DeviceCapability getDeviceCapability(c10::Device) const override {
+    c10::DeviceCapability cap;  // every dtype CPU kernels handle, but no quantized types
+    cap.capability_data.supported_scalar_types.has_QInt8 = 0;
+    cap.capability_data.supported_scalar_types.has_QUInt8 = 0;
+    cap.capability_data.supported_scalar_types.has_QInt32 = 0;
+    cap.capability_data.supported_scalar_types.has_QUInt4x2 = 0;
+    cap.capability_data.supported_scalar_types.has_QUInt2x4 = 0;
+    return cap;
   }
   c10::Stream exchangeStream(c10::Stream s) const noexcept override {
     const c10::DeviceIndex d = s.device_index();

@@ -88,6 +88,34 @@ bool MetaCache::make_key(c10::ArrayRef<c10::IValue> args, std::string& key) {
   return true;
 }
 
+void MetaCache::make_dtype_key(c10::ArrayRef<c10::IValue> args, std::string& key) {
+  key.clear();
+  for (const auto& v : args) {
+    auto tensor = [&](const at::Tensor& t) {
+      if (!t.defined()) {
+        key.push_back('U');
+        return;
+      }
+      key.push_back(t.device().type() == kNeuron ? 'n' : 'h');
+      put(key, static_cast<int8_t>(t.scalar_type()));
+      if (t.dim() == 0) key.push_back('0');
+    };
+    if (v.isTensor()) {
+      tensor(v.toTensor());
+    } else if (v.isList()) {
+      key.push_back('[');
+      for (const auto& e : v.toListRef()) {
+        if (e.isTensor()) tensor(e.toTensor());
+        else key.push_back(e.isNone() ? 'N' : 's');
+      }
+      key.push_back(']');
+    } else {
+      key.push_back(v.isNone() ? 'N' : v.isInt() ? 'i' : v.isDouble() ? 'd' : v.isBool() ? 'b'
+                    : v.isComplexDouble() ? 'c' : 's');
+    }
+  }
+}
+
 std::shared_ptr<const MetaResult> MetaCache::find(const std::string& key) {
   std::lock_guard<std::mutex> g(mu_);
   auto it = map_.find(key);

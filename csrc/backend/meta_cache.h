@@ -27,6 +27,9 @@ class MetaCache {
   // Serializes everything that can change output metadata; false if some
   // argument kind is not understood (then the op is not cached).
   static bool make_key(c10::ArrayRef<c10::IValue> args, std::string& key);
+  // Only what decides whether the CPU kernel supports a call: operand dtypes
+  // and devices, and the kinds of scalar arguments.
+  static void make_dtype_key(c10::ArrayRef<c10::IValue> args, std::string& key);
   std::shared_ptr<const MetaResult> find(const std::string& key);
   void insert(std::string key, std::shared_ptr<const MetaResult> r);
 

@@ -5,6 +5,7 @@
 #include <pybind11/stl.h>
 
 #include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <torch/csrc/Event.h>
 #include <torch/csrc/Generator.h>
 
 #include "backend/generator.h"
@@ -108,6 +109,13 @@ PYBIND11_MODULE(_C, m) {
   register_hooks();
   register_direct_fallbacks();
   set_clear_python_error([] { PyErr_Clear(); });
+  // Waiting on the device with the GIL held could deadlock: a kernel that
+  // finishes may release the last reference to a storage with a Python object.
+  rt::set_blocking_hooks(rt::BlockingHooks{
+      [] () -> void* { return Py_IsInitialized() && PyGILState_Check() ? PyEval_SaveThread() : nullptr; },
+      [](void* token) {
+        if (token) PyEval_RestoreThread(static_cast<PyThreadState*>(token));
+      }});
 
   m.def("_device_count", [] { return rt::device_count(); });
   m.def("_config_error", [] { return rt::config_error(); });
@@ -135,6 +143,15 @@ PYBIND11_MODULE(_C, m) {
     const at::Generator& g = default_generator(static_cast<c10::DeviceIndex>(d));
     return py::reinterpret_steal<py::object>(THPGenerator_initDefaultGenerator(g));
   });
+  m.def("_event_elapsed_time", [](py::handle start, py::handle end) {
+    for (py::handle h : {start, end})
+      TORCH_CHECK(PyObject_TypeCheck(h.ptr(), &THPEventType), "elapsed_time expects torch.Event objects");
+    const c10::Event& a = reinterpret_cast<THPEvent*>(start.ptr())->event;
+    const c10::Event& b = reinterpret_cast<THPEvent*>(end.ptr())->event;
+    py::gil_scoped_release nogil;
+    return a.elapsedTime(b);
+  });
+  m.def("_stream_priority", [](int64_t stream_id) { return rt::Device::priority_of(static_cast<uint64_t>(stream_id)); });
   m.def("_physical_cores", [] { return rt::config().visible; });
   m.def("_sim_cores", [] { return rt::config().sim_cores; });
 

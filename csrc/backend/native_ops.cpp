@@ -29,7 +29,10 @@ c10::DeviceIndex device_or_current(std::optional<c10::Device> d) {
   return d->index();
 }
 
-void check_options(std::optional<c10::Layout> layout, std::optional<bool> pin_memory) {
+void check_options(std::optional<c10::Layout> layout, std::optional<bool> pin_memory,
+                   std::optional<c10::ScalarType> dtype) {
+  TORCH_CHECK_NOT_IMPLEMENTED(!dtype || !c10::isQIntType(*dtype), "quantized dtype ", *dtype,
+                              " is not supported on neuron yet: quantized tensors stay on CPU");
   TORCH_CHECK_NOT_IMPLEMENTED(c10::layout_or_default(layout) == c10::Layout::Strided, "layout ",
                               c10::layout_or_default(layout),
                               " is not supported on neuron yet: only strided (dense) tensors");
@@ -40,7 +43,7 @@ void check_options(std::optional<c10::Layout> layout, std::optional<bool> pin_me
 at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
                                std::optional<c10::Layout> layout, std::optional<c10::Device> device,
                                std::optional<bool> pin_memory, std::optional<c10::MemoryFormat> mf) {
-  check_options(layout, pin_memory);
+  check_options(layout, pin_memory, dtype);
   const c10::DeviceIndex d = device_or_current(device);
   c10::DeviceGuard g(c10::Device(kNeuron, d));
   return at::detail::empty_generic(size, device_allocator(), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
@@ -50,7 +53,7 @@ at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarT
 at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::optional<c10::ScalarType> dtype,
                          std::optional<c10::Layout> layout, std::optional<c10::Device> device,
                          std::optional<bool> pin_memory) {
-  check_options(layout, pin_memory);
+  check_options(layout, pin_memory, dtype);
   const c10::DeviceIndex d = device_or_current(device);
   c10::DeviceGuard g(c10::Device(kNeuron, d));
   return at::detail::empty_strided_generic(size, stride, device_allocator(),

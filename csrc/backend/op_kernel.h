@@ -2,7 +2,9 @@
 // A queued ATen op: the operator and its operands (CPU aliases of device
 // buffers, captured at enqueue). Kept as data, not a closure, so queued work
 // can be inspected (and later fused) before it runs.
+#include <mutex>
 #include <optional>
+#include <unordered_set>
 #include <string>
 #include <vector>
 
@@ -30,6 +32,16 @@ struct OpAnalysis {
   mutable std::atomic<bool> out_form_resizes{false};  // out= kernel reallocates: use the functional form
   OpCounters* counters = nullptr;
   MetaCache meta_cache;
+  // Dtype signatures whose first call ran inline: the CPU kernel accepted
+  // them, so later calls can be queued (dtype errors then raise at the op).
+  bool validated(const std::string& dtype_key);
+  void mark_validated(std::string dtype_key);
+
+ private:
+  std::mutex validated_mu_;
+  std::unordered_set<std::string> validated_;
+
+ public:
 
   explicit OpAnalysis(const c10::OperatorHandle& h);
 };
@@ -42,7 +54,8 @@ class OpKernel final : public rt::Kernel {
     kFunctionalCopy,  // run the functional op, copy results into the new outputs
   };
   OpKernel(const OpAnalysis* a, Mode m) : op_(a), mode_(m) {}
-  void run() override;
+  void run() override;      // on the queue: errors become plain messages (no C++ backtrace)
+  void execute();           // the kernel itself; also run inline to validate a first call
   const char* name() const override { return op_->name.c_str(); }
 
   const OpAnalysis& op() const { return *op_; }

@@ -22,6 +22,7 @@ void copy_flags(c10::TensorImpl* dst, const at::Tensor& src) {
 }  // namespace
 
 at::Tensor cpu_alias(const at::Tensor& t, bool resizable) {
+  if (!t.defined()) return t;
   c10::StorageImpl* st = t.storage().unsafeGetStorageImpl();
   void* base = st->data_ptr().get();
   const auto opts = at::TensorOptions().dtype(t.dtype()).device(c10::kCPU);
@@ -54,6 +55,10 @@ at::Tensor meta_twin(const at::Tensor& t) {
 
 Geometry Geometry::of(const at::Tensor& t) {
   Geometry g;
+  if (!t.defined()) {
+    g.defined = false;
+    return g;
+  }
   g.sizes.assign(t.sizes().begin(), t.sizes().end());
   g.strides.assign(t.strides().begin(), t.strides().end());
   g.offset = t.storage_offset();
@@ -71,6 +76,7 @@ void apply_flags(c10::TensorImpl* impl, const Geometry& g) {
 }  // namespace
 
 at::Tensor view_with_geometry(const at::Tensor& base, const Geometry& g) {
+  if (!g.defined) return at::Tensor();
   auto impl = c10::make_intrusive<c10::TensorImpl>(c10::TensorImpl::VIEW, c10::Storage(base.storage()),
                                                    base.key_set(), c10::scalarTypeToTypeMeta(g.dtype));
   impl->set_sizes_and_strides(g.sizes, g.strides, g.offset);
@@ -79,6 +85,7 @@ at::Tensor view_with_geometry(const at::Tensor& base, const Geometry& g) {
 }
 
 at::Tensor empty_with_geometry(const Geometry& g, c10::DeviceIndex d) {
+  if (!g.defined) return at::Tensor();
   c10::DeviceGuard guard(c10::Device(kNeuron, d));
   auto t = at::detail::empty_strided_generic(g.sizes, g.strides, device_allocator(),
                                              c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), g.dtype);

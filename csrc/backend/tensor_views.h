@@ -15,6 +15,7 @@ struct Geometry {
   int64_t offset = 0;
   c10::ScalarType dtype = c10::ScalarType::Undefined;
   bool conj = false, neg = false;
+  bool defined = true;  // false: the op returned an undefined tensor here
   static Geometry of(const at::Tensor& t);
 };
 

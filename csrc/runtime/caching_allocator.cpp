@@ -133,10 +133,11 @@ void* CachingAllocator::malloc(size_t n, void** handle) {
       os << "neuron out of memory. Tried to allocate " << fmt_bytes(n) << ". neuron:" << device_
          << " has a total capacity of " << fmt_bytes(capacity_);
       if (limit_) os << " (limited to " << fmt_bytes(limit_) << " by the memory fraction)";
-      os << ", of which " << fmt_bytes(free_bytes) << " is free. "
-         << fmt_bytes(static_cast<size_t>(stats_.allocated_bytes[kAggregate].current))
-         << " is allocated by PyTorch, and " << fmt_bytes(reserved_)
-         << " is reserved by PyTorch but unallocated memory counts toward it. "
+      const size_t allocated = static_cast<size_t>(stats_.allocated_bytes[kAggregate].current);
+      os << ", of which " << fmt_bytes(free_bytes) << " is free. Of the allocated memory "
+         << fmt_bytes(allocated) << " is allocated by PyTorch, and "
+         << fmt_bytes(reserved_ > allocated ? reserved_ - allocated : 0)
+         << " is reserved by PyTorch but unallocated. "
          << "Free tensors you no longer need (del, then torch.neuron.empty_cache()), use smaller "
             "batches, or raise TORCH_NEURONX_SIM_HBM. See torch.neuron.memory_summary() for details.";
       throw Error(ErrorCode::kOutOfMemory, os.str());

@@ -29,6 +29,7 @@ void Event::synchronize() {
   std::shared_ptr<const TaskError> err;
   Queue* q = nullptr;
   {
+    BlockingScope blocking;
     std::unique_lock<std::mutex> lk(mu_);
     cv_.wait(lk, [&] { return completed_.load() >= target; });
     err = error_;

@@ -23,6 +23,20 @@ std::vector<Engine*>& engines() {
 
 void set_task_observer(TaskObserver fn) { g_observer.store(fn); }
 
+namespace {
+BlockingHooks g_hooks;
+}
+
+void set_blocking_hooks(BlockingHooks hooks) { g_hooks = hooks; }
+
+BlockingScope::BlockingScope() {
+  if (g_hooks.enter) token_ = g_hooks.enter();
+}
+
+BlockingScope::~BlockingScope() {
+  if (g_hooks.exit) g_hooks.exit(token_);
+}
+
 // ---------------------------------------------------------------- Queue
 
 Queue::Queue(Engine* engine, int device, uint64_t id, int priority)
@@ -72,6 +86,7 @@ void Queue::wait(std::shared_ptr<Event> e, uint64_t version) {
 void Queue::synchronize() {
   std::shared_ptr<const TaskError> err;
   {
+    BlockingScope blocking;
     std::unique_lock<std::mutex> lk(engine_->mu_);
     const uint64_t target = submitted_;
     engine_->sync_waiters_++;
@@ -84,6 +99,7 @@ void Queue::synchronize() {
 }
 
 void Queue::wait_idle() {
+  BlockingScope blocking;
   std::unique_lock<std::mutex> lk(engine_->mu_);
   const uint64_t target = submitted_;
   engine_->sync_waiters_++;

@@ -48,6 +48,26 @@ struct TaskRecord {
 using TaskObserver = void (*)(const TaskRecord&);
 void set_task_observer(TaskObserver fn);
 
+// Host threads that block on the device (synchronize) may hold a lock the
+// layer above owns (Python's GIL) that a finishing kernel needs to release
+// its operands. That layer installs hooks to drop and retake it around waits.
+struct BlockingHooks {
+  void* (*enter)() = nullptr;   // returns a token for exit
+  void (*exit)(void*) = nullptr;
+};
+void set_blocking_hooks(BlockingHooks hooks);
+
+class BlockingScope {
+ public:
+  BlockingScope();
+  ~BlockingScope();
+  BlockingScope(const BlockingScope&) = delete;
+  BlockingScope& operator=(const BlockingScope&) = delete;
+
+ private:
+  void* token_ = nullptr;
+};
+
 class Queue {
  public:
   Queue(Engine* engine, int device, uint64_t id, int priority);

@@ -210,5 +210,11 @@ class StreamContext:
         return self._cm.__exit__(*exc)
 
 
+def __getattr__(name):
+    if name == "default_generators":
+        return random.default_generators
+    raise AttributeError(f"module 'torch.neuron' has no attribute '{name}'")
+
+
 from . import memory  # noqa: E402,F401
 from . import random  # noqa: E402,F401

@@ -14,6 +14,13 @@ class Stream(torch.Stream):
         with device_ctx(idx):
             return super().__new__(cls, device=torch.device("neuron", idx), priority=priority)
 
+    @property
+    def priority(self) -> int:
+        """0 for normal streams, -1 for high-priority ones."""
+        from .. import _C
+
+        return _C._stream_priority(self.stream_id)
+
     def wait_event(self, event):
         event.wait(self)
 
@@ -49,6 +56,12 @@ class Event(torch.Event):
 
             stream = current_stream()
         super().record(stream)
+
+    def elapsed_time(self, end_event) -> float:
+        """Milliseconds between this event and ``end_event`` (both recorded with enable_timing=True)."""
+        from .. import _C
+
+        return _C._event_elapsed_time(self, end_event)
 
     def wait(self, stream=None):
         if stream is None:
