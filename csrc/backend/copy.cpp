@@ -9,6 +9,7 @@
 //   events in both directions.
 #include "backend/copy.h"
 
+#include <ATen/MemoryOverlap.h>
 #include <ATen/ops/copy.h>
 
 #include "backend/allocator.h"
@@ -46,7 +47,13 @@ at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_bloc
     const c10::DeviceIndex ds = src.device().index(), dd = dst.device().index();
     rt::Queue& qd = current_queue(dd);
     if (ds == dd) {
-      translate([&] { qd.launch(copy_kernel("neuron::copy_d2d", cpu_alias(dst), cpu_alias(src))); });
+      if (dst.is_same(src)) return dst;
+      // The same checks CPU makes at the call (the kernel runs later).
+      at::assert_no_internal_overlap(dst);
+      at::assert_no_partial_overlap(dst, src);
+      AliasSet aliases;
+      at::Tensor d_alias = aliases.cpu(dst), s_alias = aliases.cpu(src);
+      translate([&] { qd.launch(copy_kernel("neuron::copy_d2d", std::move(d_alias), std::move(s_alias))); });
       return dst;
     }
     rt::Queue& qs = current_queue(ds);

@@ -81,9 +81,10 @@ OpAnalysis::OpAnalysis(const c10::OperatorHandle& h) : op(h) {
       arg_written[i] = true;
       any_written = true;
     }
-    auto t = a.type();
+    auto t = a.real_type();
     if (auto o = t->cast<c10::OptionalType>()) t = o->getElementType();
     if (t->kind() == c10::TypeKind::GeneratorType) generator_args.push_back(static_cast<int>(i));
+    if (t->kind() == c10::TypeKind::ScalarTypeType) dtype_args.push_back(static_cast<int>(i));
   }
   for (size_t r = 0; r < num_returns; ++r) {
     const auto* ri = s.returns()[r].alias_info();
@@ -106,7 +107,11 @@ OpAnalysis::OpAnalysis(const c10::OperatorHandle& h) : op(h) {
                        base == "aten::_unsafe_index_put";
   bool all_new = num_returns > 0;
   for (int a : ret_arg) all_new = all_new && a < 0;
-  if (!any_written && all_new) out_op = find_out_variant(s);
+  // Only structured ops share their checks between the functional and out=
+  // forms (e.g. max() rejects empty inputs, max.unary_out does not): use the
+  // out= kernel only for them.
+  const bool structured = h.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional);
+  if (!any_written && all_new && structured) out_op = find_out_variant(s);
   counters = &op_counters(name);
 }
 
@@ -199,6 +204,10 @@ c10::DeviceIndex op_device(const OpAnalysis& a, c10::ArrayRef<c10::IValue> args)
 }
 
 void check_supported(const OpAnalysis& a, c10::ArrayRef<c10::IValue> args) {
+  for (int i : a.dtype_args)
+    if (args[i].isInt())
+      TORCH_CHECK_NOT_IMPLEMENTED(!c10::isQIntType(static_cast<c10::ScalarType>(args[i].toInt())), a.name,
+                                  ": quantized dtypes are not supported on neuron yet; quantize on CPU");
   for (const auto& v : args) {
     for_each_tensor(v, [&](const at::Tensor& t) {
       if (!t.defined()) return;
@@ -218,25 +227,25 @@ void check_supported(const OpAnalysis& a, c10::ArrayRef<c10::IValue> args) {
 // wrapped Python numbers are copied: the user may change them before the
 // kernel runs (CUDA copies them into the launch too).
 c10::IValue kernel_operand(const OpAnalysis& a, size_t i, const c10::IValue& v, c10::DeviceIndex d,
-                           bool resizable) {
+                           bool resizable, AliasSet& aliases) {
   for (int g : a.generator_args)
     if (static_cast<size_t>(g) == i)
       return c10::IValue(kernel_generator(v.isNone() ? std::nullopt : std::optional<at::Generator>(v.toGenerator()), d));
   if (v.isDevice() && v.toDevice().type() == kNeuron) return c10::IValue(c10::Device(c10::kCPU));
   return map_tensors(v, [&](const at::Tensor& t) -> at::Tensor {
     if (!t.defined()) return t;
-    if (t.device().type() == kNeuron) return cpu_alias(t, resizable);
+    if (t.device().type() == kNeuron) return aliases.cpu(t, resizable);
     if (t.unsafeGetTensorImpl()->is_wrapped_number()) return t;
     return t.clone();
   });
 }
 
-c10::IValue meta_operand(const c10::IValue& v) {
+c10::IValue meta_operand(const c10::IValue& v, AliasSet& aliases) {
   if (v.isDevice() && v.toDevice().type() == kNeuron) return c10::IValue(c10::Device(c10::kMeta));
   // Host operands (0-dim scalars) stay on the host: meta kernels accept them as
   // CPU scalars, and Python meta kernels read wrapped numbers' values.
-  return map_tensors(v, [](const at::Tensor& t) {
-    return t.defined() && t.device().type() == kNeuron ? meta_twin(t) : t;
+  return map_tensors(v, [&](const at::Tensor& t) {
+    return t.defined() && t.device().type() == kNeuron ? aliases.meta(t) : t;
   });
 }
 
@@ -269,7 +278,9 @@ void sync_path(OpAnalysis& a, c10::Stack* stack, c10::DeviceIndex d) {
   auto args = torch::jit::last(*stack, a.num_args);
   c10::Stack cpu;
   cpu.reserve(a.num_args);
-  for (size_t i = 0; i < a.num_args; ++i) cpu.push_back(kernel_operand(a, i, args[i], d, a.arg_written[i]));
+  AliasSet alias_set;
+  for (size_t i = 0; i < a.num_args; ++i)
+    cpu.push_back(kernel_operand(a, i, args[i], d, a.arg_written[i], alias_set));
   std::vector<c10::IValue> aliases(cpu.begin(), cpu.end());
   std::vector<c10::IValue> originals(args.begin(), args.end());
   {
@@ -316,7 +327,8 @@ bool meta_unavailable(const std::exception& e) {
 std::optional<MetaResult> run_meta(OpAnalysis& a, c10::ArrayRef<c10::IValue> args) {
   c10::Stack meta;
   meta.reserve(a.num_args);
-  for (const auto& v : args) meta.push_back(meta_operand(v));
+  AliasSet alias_set;
+  for (const auto& v : args) meta.push_back(meta_operand(v, alias_set));
   std::vector<c10::IValue> meta_args(meta.begin(), meta.end());
   try {
     a.op.redispatchBoxed(kMetaKeys, &meta);
@@ -353,6 +365,17 @@ std::optional<MetaResult> run_meta(OpAnalysis& a, c10::ArrayRef<c10::IValue> arg
   for (size_t i = 0; i < a.num_args; ++i)
     if (a.arg_written[i] && meta_args[i].isTensor() && meta_args[i].toTensor().defined())
       r.written.emplace_back(i, Geometry::of(meta_args[i].toTensor()));
+  // Where ATen's meta kernel and its CPU kernel disagree on output shapes.
+  if ((a.name == "aten::native_batch_norm" || a.name == "aten::_native_batch_norm_legit") && args.size() > 5 && args[5].isBool() && !args[5].toBool()) {
+    // In eval mode the CPU kernel returns empty save_mean / save_invstd.
+    for (size_t i = 1; i < 3 && i < r.returns.size(); ++i)
+      if (r.returns[i] && !r.returns[i]->empty()) {
+        Geometry& g = (*r.returns[i])[0];
+        g.sizes.assign({0});
+        g.strides.assign({1});
+        g.offset = 0;
+      }
+  }
   return r;
 }
 
@@ -402,21 +425,27 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::Stack* stack) {
     a.counters->view.fetch_add(1, std::memory_order_relaxed);
   } else {
     // 3. Enqueue the CPU kernel on aliases of the device buffers.
-    bool all_defined = true;
+    // The out= kernel writes straight into our outputs when they are plain
+    // contiguous tensors. Other layouts (e.g. linalg's column-major results)
+    // are where Python meta kernels and ATen's C++ kernels may pick different
+    // strides; there the functional form runs and its result is copied.
+    bool plain_outputs = true;
     for (const auto& r : results)
-      if (r.isTensor() && !r.toTensor().defined()) all_defined = false;
+      if (r.isTensor() && (!r.toTensor().defined() || !r.toTensor().is_contiguous())) plain_outputs = false;
     const bool use_out =
-        a.out_op.has_value() && all_defined && !a.out_form_resizes.load(std::memory_order_relaxed);
+        a.out_op.has_value() && plain_outputs && !a.out_form_resizes.load(std::memory_order_relaxed);
     auto mode = a.any_new ? (use_out ? OpKernel::Mode::kOut : OpKernel::Mode::kFunctionalCopy)
                           : OpKernel::Mode::kDirect;
     auto k = std::make_unique<OpKernel>(&a, mode);
     k->args().reserve(a.num_args);
-    for (size_t i = 0; i < a.num_args; ++i) k->args().push_back(kernel_operand(a, i, args[i], d, false));
+    AliasSet alias_set;
+    for (size_t i = 0; i < a.num_args; ++i)
+      k->args().push_back(kernel_operand(a, i, args[i], d, false, alias_set));
     if (mode != OpKernel::Mode::kDirect) {
       k->outs().resize(a.num_returns);
       for (size_t r = 0; r < a.num_returns; ++r)
         if (a.ret_arg[r] < 0)
-          k->outs()[r] = map_tensors(results[r], [](const at::Tensor& t) { return cpu_alias(t); });
+          k->outs()[r] = map_tensors(results[r], [&](const at::Tensor& t) { return alias_set.cpu(t); });
     }
     rt::Queue& q = current_queue(d);
     std::string dtype_key;
@@ -434,6 +463,14 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::Stack* stack) {
       try {
         k->execute();
         a.mark_validated(std::move(dtype_key));
+      } catch (const MetaMismatch&) {
+        // The op has run (inline, on the host); only our preallocated outputs
+        // had the wrong shape. Adopt what the CPU kernel returned instead.
+        a.mark_validated(std::move(dtype_key));
+        c10::Stack& rets = k->args();
+        for (size_t r = 0; r < a.num_returns && r < rets.size(); ++r)
+          if (a.ret_arg[r] < 0)
+            results[r] = map_tensors(rets[r], [&](const at::Tensor& t) { return adopt_host_result(a, t, d); });
       } catch (const c10::NotImplementedError&) {
         throw;
       } catch (const c10::Error& e) {
@@ -479,8 +516,18 @@ void OpKernel::execute() {
       c10::Stack s;
       s.reserve(args_.size() + outs_.size());
       size_t in = 0, out = 0;
+      // The out= kernel gets its own TensorImpls: if it fails half-way
+      // through a resize, outs_ keeps the geometry the fallback needs.
+      auto fresh = [](const c10::IValue& v) {
+        return map_tensors(v, [](const at::Tensor& t) {
+          if (!t.defined()) return t;
+          auto impl = c10::make_intrusive<c10::TensorImpl>(c10::Storage(t.storage()), t.key_set(), t.dtype());
+          impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+          return at::Tensor(std::move(impl));
+        });
+      };
       for (const auto& arg : op_->out_op->schema().arguments())
-        s.push_back(arg.is_out() ? outs_[out++] : args_[in++]);
+        s.push_back(arg.is_out() ? fresh(outs_[out++]) : args_[in++]);
       try {
         op_->out_op->redispatchBoxed(kCPUKeys, &s);
         return;
@@ -495,14 +542,25 @@ void OpKernel::execute() {
     }
     case Mode::kFunctionalCopy: {
       op_->op.redispatchBoxed(kCPUKeys, &args_);
+      auto copy_out = [&](const at::Tensor& dst, const at::Tensor& src) {
+        if (!dst.defined()) return;
+        if (!src.defined() || dst.sizes() != src.sizes() || dst.scalar_type() != src.scalar_type()) {
+          op_->sync_only.store(true);
+          throw MetaMismatch(op_->name + ": the meta kernel predicted an output of shape " +
+                             c10::str(dst.sizes()) + " but the kernel produced " +
+                             (src.defined() ? c10::str(src.sizes()) : std::string("none")) +
+                             "; this op now runs synchronously");
+        }
+        dst.copy_(src);
+      };
       for (size_t r = 0; r < outs_.size() && r < args_.size(); ++r) {
         if (outs_[r].isTensor()) {
-          if (outs_[r].toTensor().defined()) outs_[r].toTensor().copy_(args_[r].toTensor());
+          copy_out(outs_[r].toTensor(), args_[r].toTensor());
         } else if (outs_[r].isList()) {
           auto dst = outs_[r].toListRef();
           auto src = args_[r].toListRef();
           for (size_t i = 0; i < dst.size(); ++i)
-            if (dst[i].isTensor()) dst[i].toTensor().copy_(src[i].toTensor());
+            if (dst[i].isTensor()) copy_out(dst[i].toTensor(), src[i].toTensor());
         }
       }
       return;
@@ -532,6 +590,9 @@ void convolution_backward_overrideable(const c10::OperatorHandle&, c10::Stack* s
 }
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  // CompositeExplicitAutograd kernels that call CPU dispatch stubs directly
+  // on their (neuron) arguments: route them through the fallback instead.
+  m.impl("conj_physical_", torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>());
   m.impl("convolution_overrideable", torch::CppFunction::makeFromBoxedFunction<&convolution_overrideable>());
   m.impl("convolution_backward_overrideable",
          torch::CppFunction::makeFromBoxedFunction<&convolution_backward_overrideable>());

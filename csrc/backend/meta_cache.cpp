@@ -81,6 +81,23 @@ bool put_value(std::string& k, const c10::IValue& v) {
 
 bool MetaCache::make_key(c10::ArrayRef<c10::IValue> args, std::string& key) {
   key.clear();
+  // Which operands share a storage changes what meta kernels check (overlap).
+  c10::SmallVector<const c10::StorageImpl*, 8> storages;
+  for (const auto& v : args) {
+    auto note = [&](const at::Tensor& t) {
+      if (!t.defined() || t.device().type() != kNeuron) return;
+      const c10::StorageImpl* st = t.storage().unsafeGetStorageImpl();
+      uint8_t cls = 0;
+      while (cls < storages.size() && storages[cls] != st) ++cls;
+      if (cls == storages.size()) storages.push_back(st);
+      key.push_back(static_cast<char>(cls));
+    };
+    if (v.isTensor()) note(v.toTensor());
+    else if (v.isList())
+      for (const auto& e : v.toListRef())
+        if (e.isTensor()) note(e.toTensor());
+  }
+  key.push_back('|');
   // Factory-like ops read the default dtype when dtype=None.
   put(key, static_cast<int8_t>(c10::get_default_dtype_as_scalartype()));
   for (const auto& v : args)

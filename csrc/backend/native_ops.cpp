@@ -181,3 +181,32 @@ TORCH_LIBRARY_IMPL(aten, Negative, m) {
   m.impl("_copy_from", torch::CppFunction::makeFallthrough());
 }
 }  // namespace neuronx
+
+namespace neuronx {
+namespace {
+// Sparse, nested and quantized neuron tensors can come into existence through
+// composite paths that never reach the neuron kernels (e.g. a CSR tensor
+// moved with .to()); every op on them then lands here.
+[[noreturn]] void unsupported(const c10::OperatorHandle& op, const char* kind) {
+  TORCH_CHECK_NOT_IMPLEMENTED(false, op.schema().name(), ": ", kind,
+                              " are not supported on neuron yet; keep them on CPU (only strided tensors run on "
+                              "neuron)");
+}
+void sparse_unsupported(const c10::OperatorHandle& op, c10::Stack*) { unsupported(op, "sparse tensors"); }
+void nested_unsupported(const c10::OperatorHandle& op, c10::Stack*) { unsupported(op, "nested tensors"); }
+void quantized_unsupported(const c10::OperatorHandle& op, c10::Stack*) { unsupported(op, "quantized tensors"); }
+}  // namespace
+
+TORCH_LIBRARY_IMPL(_, SparsePrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&sparse_unsupported>());
+}
+TORCH_LIBRARY_IMPL(_, SparseCsrPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&sparse_unsupported>());
+}
+TORCH_LIBRARY_IMPL(_, NestedTensorPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&nested_unsupported>());
+}
+TORCH_LIBRARY_IMPL(_, QuantizedPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&quantized_unsupported>());
+}
+}  // namespace neuronx

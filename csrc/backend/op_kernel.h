@@ -3,6 +3,7 @@
 // buffers, captured at enqueue). Kept as data, not a closure, so queued work
 // can be inspected (and later fused) before it runs.
 #include <mutex>
+#include <stdexcept>
 #include <optional>
 #include <unordered_set>
 #include <string>
@@ -24,11 +25,12 @@ struct OpAnalysis {
   std::vector<int> ret_arg;                // return aliases this argument, or -1 (new)
   std::vector<bool> ret_view;              // ...as a view (not a mutated argument)
   std::vector<int> generator_args;         // Generator? arguments
+  std::vector<int> dtype_args;             // ScalarType? arguments
   bool any_written = false;
   bool any_new = false;                    // some return is a fresh tensor
   bool allow_cpu_operands = false;         // CUDA also accepts host tensors here (indices)
   std::optional<c10::OperatorHandle> out_op;  // out= form for purely functional ops
-  std::atomic<bool> sync_only{false};      // no meta kernel: always the synchronous path
+  mutable std::atomic<bool> sync_only{false};  // no (reliable) meta kernel: always the synchronous path
   mutable std::atomic<bool> out_form_resizes{false};  // out= kernel reallocates: use the functional form
   OpCounters* counters = nullptr;
   MetaCache meta_cache;
@@ -44,6 +46,12 @@ struct OpAnalysis {
  public:
 
   explicit OpAnalysis(const c10::OperatorHandle& h);
+};
+
+// The CPU kernel produced outputs of other shapes than the meta kernel
+// predicted: the op is moved to the synchronous path.
+struct MetaMismatch : std::runtime_error {
+  using std::runtime_error::runtime_error;
 };
 
 class OpKernel final : public rt::Kernel {

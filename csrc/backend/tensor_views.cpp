@@ -3,7 +3,6 @@
 #include <ATen/EmptyTensor.h>
 #include <ATen/TensorUtils.h>
 #include <ATen/ops/empty_strided.h>
-#include <ATen/ops/from_blob.h>
 #include <c10/core/CPUAllocator.h>
 
 #include <cstring>
@@ -21,37 +20,49 @@ void copy_flags(c10::TensorImpl* dst, const at::Tensor& src) {
 
 }  // namespace
 
-at::Tensor cpu_alias(const at::Tensor& t, bool resizable) {
-  if (!t.defined()) return t;
-  c10::StorageImpl* st = t.storage().unsafeGetStorageImpl();
-  void* base = st->data_ptr().get();
-  const auto opts = at::TensorOptions().dtype(t.dtype()).device(c10::kCPU);
-  at::Tensor out;
-  if (!base) {
-    // Zero-byte storage: nothing to alias.
-    out = at::empty_strided(t.sizes(), t.strides(), opts);
-  } else {
-    c10::raw::intrusive_ptr::incref(st);
-    auto maker = at::for_blob(base, t.sizes());
-    maker.strides(t.strides()).storage_offset(t.storage_offset()).context(st, &release_storage).options(opts);
-    if (resizable) maker.resizeable_storage().allocator(c10::GetCPUAllocator());
-    out = maker.make_tensor();
-  }
-  copy_flags(out.unsafeGetTensorImpl(), t);
-  return out;
-}
+namespace {
 
-at::Tensor meta_twin(const at::Tensor& t) {
-  c10::Storage storage(c10::Storage::use_byte_size_t(), t.storage().nbytes(),
-                       c10::DataPtr(nullptr, c10::Device(c10::kMeta)), c10::GetAllocator(c10::kMeta),
-                       /*resizable=*/true);
-  auto impl = c10::make_intrusive<c10::TensorImpl>(std::move(storage),
-                                                   c10::DispatchKeySet(c10::DispatchKey::Meta), t.dtype());
+at::Tensor make_alias(c10::Storage storage, const at::Tensor& t, c10::DispatchKey key) {
+  auto impl = c10::make_intrusive<c10::TensorImpl>(std::move(storage), c10::DispatchKeySet(key), t.dtype());
   impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
   if (t.unsafeGetTensorImpl()->is_wrapped_number()) impl->set_wrapped_number(true);
   copy_flags(impl.get(), t);
   return at::Tensor(std::move(impl));
 }
+
+}  // namespace
+
+at::Tensor AliasSet::cpu(const at::Tensor& t, bool resizable) {
+  if (!t.defined()) return t;
+  c10::StorageImpl* st = t.storage().unsafeGetStorageImpl();
+  for (auto& [key, storage] : cpu_)
+    if (key == st) return make_alias(storage, t, c10::DispatchKey::CPU);
+  void* base = st->data_ptr().get();
+  c10::DataPtr data;
+  if (base) {
+    c10::raw::intrusive_ptr::incref(st);
+    data = c10::DataPtr(base, st, &release_storage, c10::Device(c10::kCPU));
+  } else {
+    data = c10::DataPtr(nullptr, c10::Device(c10::kCPU));  // zero-byte storage
+  }
+  c10::Storage storage(c10::Storage::use_byte_size_t(), st->nbytes(), std::move(data),
+                       resizable ? c10::GetCPUAllocator() : nullptr, resizable);
+  cpu_.emplace_back(st, storage);
+  return make_alias(std::move(storage), t, c10::DispatchKey::CPU);
+}
+
+at::Tensor AliasSet::meta(const at::Tensor& t) {
+  if (!t.defined()) return t;
+  const c10::StorageImpl* st = t.storage().unsafeGetStorageImpl();
+  for (auto& [key, storage] : meta_)
+    if (key == st) return make_alias(storage, t, c10::DispatchKey::Meta);
+  c10::Storage storage(c10::Storage::use_byte_size_t(), t.storage().nbytes(),
+                       c10::DataPtr(nullptr, c10::Device(c10::kMeta)), c10::GetAllocator(c10::kMeta), true);
+  meta_.emplace_back(st, storage);
+  return make_alias(std::move(storage), t, c10::DispatchKey::Meta);
+}
+
+at::Tensor cpu_alias(const at::Tensor& t, bool resizable) { return AliasSet().cpu(t, resizable); }
 
 Geometry Geometry::of(const at::Tensor& t) {
   Geometry g;

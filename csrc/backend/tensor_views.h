@@ -19,14 +19,25 @@ struct Geometry {
   static Geometry of(const at::Tensor& t);
 };
 
-// A CPU tensor over the same bytes, sizes, strides and offset as the neuron
-// tensor t. It keeps t's storage alive and snapshots t's metadata, so later
-// host-side changes to t (resize_, set_, t_()) do not affect queued work.
-at::Tensor cpu_alias(const at::Tensor& t, bool resizable = false);
+// Host-side stand-ins for the neuron operands of one kernel.
+//
+// cpu(t): a CPU tensor over the same bytes, sizes, strides and offset as the
+// neuron tensor t. It keeps t's storage alive and snapshots t's metadata, so
+// later host-side changes to t (resize_, set_, t_()) do not affect queued work.
+// meta(t): a meta tensor with t's metadata, for the op's meta kernel.
+// Operands that share a neuron storage share one CPU (or meta) storage, so
+// ATen's overlap checks and alias handling see what the device sees.
+class AliasSet {
+ public:
+  at::Tensor cpu(const at::Tensor& t, bool resizable = false);
+  at::Tensor meta(const at::Tensor& t);
 
-// A meta tensor with t's metadata (storage size, offset, dtype, conj/neg and
-// wrapped-number flags) for computing an op's output metadata.
-at::Tensor meta_twin(const at::Tensor& t);
+ private:
+  c10::SmallVector<std::pair<const c10::StorageImpl*, c10::Storage>, 4> cpu_, meta_;
+};
+
+// A CPU alias of a single tensor (AliasSet().cpu(t)).
+at::Tensor cpu_alias(const at::Tensor& t, bool resizable = false);
 
 // A neuron tensor that views base's storage with geometry g.
 at::Tensor view_with_geometry(const at::Tensor& base, const Geometry& g);

@@ -1,0 +1,221 @@
+"""Random numbers on neuron: with the same seed every random op gives bitwise the values CPU
+PyTorch gives (neuron generators are mt19937 like CPU's), state save/restore replays, and
+explicit torch.Generator(device="neuron") objects work.
+"""
+import pytest
+import torch
+import torch.nn.functional as F
+
+SEED = 1234
+
+CASES = {
+    "randn": lambda d: torch.randn(1000, device=d),
+    "randn_2d_f64": lambda d: torch.randn(17, 33, device=d, dtype=torch.float64),
+    "randn_large": lambda d: torch.randn(100_003, device=d),
+    "rand": lambda d: torch.rand(1000, device=d),
+    "rand_bf16": lambda d: torch.rand(257, device=d, dtype=torch.bfloat16),
+    "rand_large": lambda d: torch.rand(70_001, device=d),
+    "randint": lambda d: torch.randint(-50, 100, (1000,), device=d),
+    "randint_like": lambda d: torch.randint_like(torch.zeros(64, 3, device=d, dtype=torch.int32), 7),
+    "randn_like": lambda d: torch.randn_like(torch.zeros(9, 9, device=d)),
+    "randperm": lambda d: torch.randperm(1000, device=d),
+    "randperm_small": lambda d: torch.randperm(7, device=d),
+    "normal_": lambda d: torch.empty(1000, device=d).normal_(2.0, 3.0),
+    "uniform_": lambda d: torch.empty(1000, device=d).uniform_(-2.0, 5.0),
+    "normal_tensor": lambda d: torch.normal(torch.arange(100.0, device=d), torch.full((100,), 0.5, device=d)),
+    "normal_float_std": lambda d: torch.normal(1.0, torch.linspace(0.1, 2.0, 50, device=d)),
+    "bernoulli": lambda d: torch.bernoulli(torch.linspace(0, 1, 1000, device=d)),
+    "bernoulli_p": lambda d: torch.empty(1000, device=d).bernoulli_(0.3),
+    "dropout": lambda d: F.dropout(torch.ones(40, 50, device=d), 0.5, training=True),
+    "dropout_module": lambda d: torch.nn.Dropout(0.2)(torch.arange(600.0, device=d).reshape(20, 30)),
+    "multinomial": lambda d: torch.multinomial(torch.linspace(0.1, 1.0, 10, device=d), 5),
+    "multinomial_replacement": lambda d: torch.multinomial(torch.ones(3, 10, device=d), 25, replacement=True),
+    "exponential_": lambda d: torch.empty(500, device=d).exponential_(2.0),
+    "geometric_": lambda d: torch.empty(500, device=d).geometric_(0.3),
+    "random_": lambda d: torch.empty(500, device=d, dtype=torch.int64).random_(0, 1000),
+    "sequence": lambda d: torch.cat([torch.randn(7, device=d), torch.rand(5, device=d),
+                                     torch.randint(0, 9, (11,), device=d).float(), torch.randn(3, device=d)]),
+}
+
+
+def _both(fn, seed=SEED):
+    torch.manual_seed(seed)
+    c = fn("cpu")
+    torch.manual_seed(seed)
+    n = fn("neuron")
+    assert n.device.type == "neuron"
+    return c, n.cpu()
+
+
+def _assert_bitwise(c, n):
+    assert c.dtype == n.dtype and c.shape == n.shape
+    if c.is_floating_point():
+        assert torch.equal(c.view(torch.int16 if c.element_size() == 2 else
+                                  torch.int32 if c.element_size() == 4 else torch.int64),
+                           n.view(torch.int16 if n.element_size() == 2 else
+                                  torch.int32 if n.element_size() == 4 else torch.int64))
+    else:
+        assert torch.equal(c, n)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_same_seed_matches_cpu_bitwise(name):
+    c, n = _both(CASES[name])
+    _assert_bitwise(c, n)
+
+
+def test_different_seeds_differ():
+    torch.manual_seed(1)
+    a = torch.randn(100, device="neuron").cpu()
+    torch.manual_seed(2)
+    b = torch.randn(100, device="neuron").cpu()
+    assert not torch.equal(a, b)
+
+
+def test_neuron_generator_independent_of_cpu_generator():
+    torch.manual_seed(SEED)
+    first_cpu = torch.randn(10)
+    torch.manual_seed(SEED)
+    torch.randn(1000, device="neuron")  # draws from the neuron generator only
+    assert torch.equal(torch.randn(10), first_cpu)
+    torch.manual_seed(SEED)
+    first_neuron = torch.randn(10, device="neuron").cpu()
+    torch.manual_seed(SEED)
+    torch.randn(1000)  # draws from the CPU generator only
+    assert torch.equal(torch.randn(10, device="neuron").cpu(), first_neuron)
+
+
+def test_manual_seed_seeds_all_devices():
+    torch.manual_seed(SEED)
+    a = torch.rand(100, device="neuron:0").cpu()
+    b = torch.rand(100, device="neuron:1").cpu()
+    torch.manual_seed(SEED)
+    c = torch.rand(100)
+    assert torch.equal(a, c) and torch.equal(b, c)
+    assert torch.neuron.initial_seed() == SEED
+
+
+def test_neuron_manual_seed_current_device_only():
+    torch.neuron.manual_seed_all(5)
+    with torch.neuron.device(1):
+        torch.neuron.manual_seed(7)
+        assert torch.neuron.initial_seed() == 7
+    assert torch.neuron.initial_seed() == 5
+    a1 = torch.rand(50, device="neuron:1").cpu()
+    a0 = torch.rand(50, device="neuron:0").cpu()
+    assert torch.equal(a1, torch.rand(50, generator=torch.Generator().manual_seed(7)))
+    assert torch.equal(a0, torch.rand(50, generator=torch.Generator().manual_seed(5)))
+
+
+def test_get_set_rng_state_replays():
+    torch.manual_seed(SEED)
+    torch.randn(37, device="neuron")
+    state = torch.neuron.get_rng_state()
+    assert state.dtype == torch.uint8 and state.device.type == "cpu"
+    a = torch.randn(1000, device="neuron").cpu()
+    b = torch.empty(100, device="neuron").uniform_().cpu()
+    torch.neuron.set_rng_state(state)
+    a2 = torch.randn(1000, device="neuron").cpu()
+    b2 = torch.empty(100, device="neuron").uniform_().cpu()
+    assert torch.equal(a, a2) and torch.equal(b, b2)
+
+
+def test_rng_state_equals_cpu_state_after_same_draws():
+    # The state read after queued (asynchronous) random kernels reflects all of them.
+    torch.manual_seed(SEED)
+    for n in (5, 1000, 33):
+        torch.randn(n, device="neuron")
+    g = torch.Generator().manual_seed(SEED)
+    for n in (5, 1000, 33):
+        torch.randn(n, generator=g)
+    assert torch.equal(torch.neuron.get_rng_state(), g.get_state())
+
+
+def test_set_rng_state_from_cpu_state():
+    g = torch.Generator().manual_seed(99)
+    torch.randn(11, generator=g)
+    torch.neuron.set_rng_state(g.get_state())
+    assert torch.equal(torch.randn(64, device="neuron").cpu(), torch.randn(64, generator=g))
+
+
+def test_get_set_rng_state_all():
+    states = torch.neuron.get_rng_state_all()
+    assert len(states) == torch.neuron.device_count()
+    a = [torch.rand(20, device=f"neuron:{i}").cpu() for i in range(len(states))]
+    torch.neuron.set_rng_state_all(states)
+    b = [torch.rand(20, device=f"neuron:{i}").cpu() for i in range(len(states))]
+    for x, y in zip(a, b):
+        assert torch.equal(x, y)
+
+
+def test_rng_state_per_device():
+    torch.manual_seed(SEED)
+    s1 = torch.neuron.get_rng_state(1)
+    torch.rand(100, device="neuron:0")
+    assert torch.equal(torch.neuron.get_rng_state(1), s1)
+    assert not torch.equal(torch.neuron.get_rng_state(0), s1)
+
+
+def test_torch_generator_on_neuron():
+    g = torch.Generator(device="neuron")
+    assert g.device.type == "neuron"
+    g.manual_seed(7)
+    assert g.initial_seed() == 7
+    gc = torch.Generator().manual_seed(7)
+    assert torch.equal(torch.randn(50, device="neuron", generator=g).cpu(), torch.randn(50, generator=gc))
+    assert torch.equal(torch.rand(50, device="neuron", generator=g).cpu(), torch.rand(50, generator=gc))
+    assert torch.equal(torch.randperm(30, device="neuron", generator=g).cpu(), torch.randperm(30, generator=gc))
+    assert torch.equal(torch.empty(40, device="neuron").normal_(generator=g).cpu(),
+                       torch.empty(40).normal_(generator=gc))
+    assert torch.equal(torch.multinomial(torch.ones(10, device="neuron"), 4, generator=g).cpu(),
+                       torch.multinomial(torch.ones(10), 4, generator=gc))
+
+
+def test_explicit_generator_does_not_touch_default():
+    torch.manual_seed(SEED)
+    s = torch.neuron.get_rng_state()
+    g = torch.Generator(device="neuron").manual_seed(3)
+    torch.randn(100, device="neuron", generator=g)
+    assert torch.equal(torch.neuron.get_rng_state(), s)
+
+
+def test_generator_state_roundtrip():
+    g = torch.Generator(device="neuron").manual_seed(11)
+    st = g.get_state()
+    a = torch.randn(30, device="neuron", generator=g).cpu()
+    g.set_state(st)
+    b = torch.randn(30, device="neuron", generator=g).cpu()
+    assert torch.equal(a, b)
+
+
+def test_generator_for_other_device():
+    g = torch.Generator(device="neuron:1").manual_seed(4)
+    assert g.device == torch.device("neuron", 1)
+    x = torch.rand(25, device="neuron:1", generator=g)
+    assert torch.equal(x.cpu(), torch.rand(25, generator=torch.Generator().manual_seed(4)))
+
+
+def test_default_generators_tuple():
+    gens = torch.neuron.default_generators
+    assert len(gens) == torch.neuron.device_count()
+    gens[0].manual_seed(21)
+    assert torch.equal(torch.rand(10, device="neuron:0").cpu(), torch.rand(10, generator=torch.Generator().manual_seed(21)))
+
+
+def test_seed_is_nondeterministic_but_replayable():
+    torch.neuron.seed()
+    s = torch.neuron.initial_seed()
+    a = torch.rand(20, device="neuron").cpu()
+    torch.neuron.manual_seed(s)
+    assert torch.equal(torch.rand(20, device="neuron").cpu(), a)
+
+
+def test_random_values_on_side_stream_match_cpu():
+    torch.manual_seed(SEED)
+    with torch.neuron.stream(torch.neuron.Stream()):
+        n = torch.randn(500, device="neuron")
+        n2 = torch.rand(500, device="neuron")
+    torch.neuron.synchronize()
+    torch.manual_seed(SEED)
+    assert torch.equal(n.cpu(), torch.randn(500))
+    assert torch.equal(n2.cpu(), torch.rand(500))
