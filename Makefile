@@ -9,6 +9,9 @@ DEPS_STAMP := $(VENV)/.deps-stamp
 SYS_STAMP := $(VENV)/.sysdeps-stamp
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export CCACHE_DIR ?= $(HOME)/.cache/ccache
+# Relative paths in ccache's hash: a fresh clone elsewhere reuses the cache.
+export CCACHE_BASEDIR ?= $(CURDIR)
+export CCACHE_NOHASHDIR ?= 1
 PYTEST_ARGS ?= -q
 
 .PHONY: all build demo test test-runtime test-python bench bench-quick clean

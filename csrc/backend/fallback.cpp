@@ -431,7 +431,9 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::Stack* stack) {
     // strides; there the functional form runs and its result is copied.
     bool plain_outputs = true;
     for (const auto& r : results)
-      if (r.isTensor() && (!r.toTensor().defined() || !r.toTensor().is_contiguous())) plain_outputs = false;
+      if (r.isTensor() && (!r.toTensor().defined() || !r.toTensor().is_contiguous() || r.toTensor().is_conj() ||
+                           r.toTensor().is_neg()))
+        plain_outputs = false;
     const bool use_out =
         a.out_op.has_value() && plain_outputs && !a.out_form_resizes.load(std::memory_order_relaxed);
     auto mode = a.any_new ? (use_out ? OpKernel::Mode::kOut : OpKernel::Mode::kFunctionalCopy)
