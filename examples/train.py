@@ -85,6 +85,10 @@ def train(name, model, dataset, criterion, device, steps, batch_size, flatten_lo
     first = sum(losses[:3]) / 3
     last = sum(losses[-3:]) / 3
     print(f"  [{name}] loss {first:.4f} -> {last:.4f} over {steps} steps ({elapsed:.2f} s)")
+    if device.type == "neuron":
+        torch.neuron.synchronize(device)
+        print(f"  [{name}] device memory in use: {torch.neuron.memory_allocated(device) / 2**20:.1f} MiB "
+              f"(model, gradients, optimizer state), peak {torch.neuron.max_memory_allocated(device) / 2**20:.1f} MiB")
     return first, last
 
 
@@ -112,9 +116,9 @@ def main():
 
     if device.type == "neuron":
         torch.neuron.synchronize()
-        print(f"device memory: allocated {torch.neuron.memory_allocated() / 2**20:.1f} MiB, "
+        print(f"device memory after both runs: allocated {torch.neuron.memory_allocated() / 2**20:.1f} MiB, "
               f"peak {torch.neuron.max_memory_allocated() / 2**20:.1f} MiB, "
-              f"reserved {torch.neuron.memory_reserved() / 2**20:.1f} MiB")
+              f"reserved (cached) {torch.neuron.memory_reserved() / 2**20:.1f} MiB")
     ok = all(last < first and math.isfinite(last) for first, last in results.values())
     print("loss went down on every model" if ok else "LOSS DID NOT GO DOWN")
     raise SystemExit(0 if ok else 1)
