@@ -105,6 +105,8 @@ OpAnalysis::OpAnalysis(const c10::OperatorHandle& h) : op(h) {
   allow_cpu_operands = base == "aten::index" || base == "aten::index_put" || base == "aten::index_put_" ||
                        base == "aten::_index_put_impl_" || base == "aten::_unsafe_index" ||
                        base == "aten::_unsafe_index_put";
+  for (const char* f : {"arange", "range", "linspace", "logspace", "histc", "histogram"})
+    if (base.find(f) != std::string::npos) float_values_shape = true;
   bool all_new = num_returns > 0;
   for (int a : ret_arg) all_new = all_new && a < 0;
   // Only structured ops share their checks between the functional and out=
@@ -388,7 +390,7 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::Stack* stack) {
 
   // 1. Output metadata: cached per input signature, else the meta kernel.
   std::string key;
-  const bool cacheable = MetaCache::make_key(args, key);
+  const bool cacheable = MetaCache::make_key(args, key, a.float_values_shape);
   std::shared_ptr<const MetaResult> mr;
   if (cacheable) mr = a.meta_cache.find(key);
   if (!mr) {

@@ -32,7 +32,7 @@ void put_tensor(std::string& k, const at::Tensor& t) {
   if (t.device().type() == kNeuron) put(k, static_cast<int64_t>(t.storage().nbytes()));
 }
 
-bool put_value(std::string& k, const c10::IValue& v) {
+bool put_value(std::string& k, const c10::IValue& v, bool float_values) {
   if (v.isTensor()) {
     put_tensor(k, v.toTensor());
   } else if (v.isNone()) {
@@ -42,13 +42,13 @@ bool put_value(std::string& k, const c10::IValue& v) {
     put(k, v.toInt());
   } else if (v.isDouble()) {
     k.push_back('d');
-    put(k, v.toDouble());
+    if (float_values) put(k, v.toDouble());
   } else if (v.isBool()) {
     k.push_back('b');
     put(k, v.toBool());
   } else if (v.isComplexDouble()) {
     k.push_back('c');
-    put(k, v.toComplexDouble());
+    if (float_values) put(k, v.toComplexDouble());
   } else if (v.isSymInt()) {
     auto s = v.toSymInt();
     if (s.is_heap_allocated()) return false;
@@ -70,7 +70,7 @@ bool put_value(std::string& k, const c10::IValue& v) {
     auto list = v.toListRef();
     put(k, static_cast<uint32_t>(list.size()));
     for (const auto& e : list)
-      if (!put_value(k, e)) return false;
+      if (!put_value(k, e, float_values)) return false;
   } else {
     return false;
   }
@@ -79,7 +79,7 @@ bool put_value(std::string& k, const c10::IValue& v) {
 
 }  // namespace
 
-bool MetaCache::make_key(c10::ArrayRef<c10::IValue> args, std::string& key) {
+bool MetaCache::make_key(c10::ArrayRef<c10::IValue> args, std::string& key, bool float_values) {
   key.clear();
   // Which operands share a storage changes what meta kernels check (overlap).
   c10::SmallVector<const c10::StorageImpl*, 8> storages;
@@ -101,7 +101,7 @@ bool MetaCache::make_key(c10::ArrayRef<c10::IValue> args, std::string& key) {
   // Factory-like ops read the default dtype when dtype=None.
   put(key, static_cast<int8_t>(c10::get_default_dtype_as_scalartype()));
   for (const auto& v : args)
-    if (!put_value(key, v)) return false;
+    if (!put_value(key, v, float_values)) return false;
   return true;
 }
 

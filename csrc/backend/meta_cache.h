@@ -26,7 +26,10 @@ class MetaCache {
   static constexpr size_t kMaxEntries = 512;
   // Serializes everything that can change output metadata; false if some
   // argument kind is not understood (then the op is not cached).
-  static bool make_key(c10::ArrayRef<c10::IValue> args, std::string& key);
+  // Floating-point scalar values are left out unless float_values: they
+  // decide output shapes only for a few factories (arange, linspace, ...),
+  // while optimizers pass a new learning-rate-like value every step.
+  static bool make_key(c10::ArrayRef<c10::IValue> args, std::string& key, bool float_values);
   // Only what decides whether the CPU kernel supports a call: operand dtypes
   // and devices, and the kinds of scalar arguments.
   static void make_dtype_key(c10::ArrayRef<c10::IValue> args, std::string& key);

@@ -70,6 +70,11 @@ class BlockingScope {
 
 class Queue {
  public:
+  // Backpressure, like a hardware queue's depth: a host that runs this far
+  // ahead waits until the queue drains to half, which bounds the memory that
+  // queued work keeps alive.
+  static constexpr uint64_t kMaxPending = 1024;
+
   Queue(Engine* engine, int device, uint64_t id, int priority);
   int device() const { return device_; }
   uint64_t id() const { return id_; }
