@@ -94,15 +94,18 @@ void Queue::wait(std::shared_ptr<Event> e, uint64_t version) {
   submit(std::move(t));
 }
 
+void Queue::wait_done_locked(std::unique_lock<std::mutex>& lk, uint64_t target) {
+  engine_->sync_waiters_++;
+  engine_->done_cv_.wait(lk, [&] { return completed_ >= target; });
+  engine_->sync_waiters_--;
+}
+
 void Queue::synchronize() {
   std::shared_ptr<const TaskError> err;
   {
     BlockingScope blocking;
     std::unique_lock<std::mutex> lk(engine_->mu_);
-    const uint64_t target = submitted_;
-    engine_->sync_waiters_++;
-    engine_->done_cv_.wait(lk, [&] { return completed_ >= target; });
-    engine_->sync_waiters_--;
+    wait_done_locked(lk, submitted_);
     err = std::move(error_);
     error_.reset();
   }
@@ -112,10 +115,7 @@ void Queue::synchronize() {
 void Queue::wait_idle() {
   BlockingScope blocking;
   std::unique_lock<std::mutex> lk(engine_->mu_);
-  const uint64_t target = submitted_;
-  engine_->sync_waiters_++;
-  engine_->done_cv_.wait(lk, [&] { return completed_ >= target; });
-  engine_->sync_waiters_--;
+  wait_done_locked(lk, submitted_);
 }
 
 bool Queue::query() const {

@@ -101,6 +101,7 @@ class Queue {
  private:
   friend class Engine;
   uint64_t submit(Task&& t);
+  void wait_done_locked(std::unique_lock<std::mutex>& lk, uint64_t target);  // engine_->mu_ held
   Engine* engine_;
   const int device_;
   const uint64_t id_;

@@ -500,3 +500,30 @@ TEST(LaunchBlocking, LaunchWaitsAndThrows) {
 }
 
 }  // namespace
+
+// A host that runs too far ahead blocks in launch() until the queue has
+// drained to half its depth, instead of queueing without bound.
+TEST(QueueBackpressure, LaunchBlocksWhenQueueIsFull) {
+  SKIP_IF_LAUNCH_BLOCKING();
+  Rig rig;
+  rt::Queue& q = rig.add(0);
+  Gate gate;
+  q.launch(gate.kernel("gate"));
+  ASSERT_TRUE(gate.wait_started());
+  std::atomic<uint64_t> submitted{0};
+  std::thread producer([&] {
+    for (uint64_t i = 0; i < rt::Queue::kMaxPending + 10; ++i) {
+      q.launch(fn("tiny", [] {}));
+      submitted.fetch_add(1);
+    }
+  });
+  // The engine is held by the gate: the producer must stop at the depth limit.
+  std::this_thread::sleep_for(200ms);
+  EXPECT_EQ(submitted.load(), rt::Queue::kMaxPending - 1) << "one slot is taken by the gated kernel";
+  EXPECT_EQ(q.pending(), rt::Queue::kMaxPending);
+  gate.open();
+  within(5000ms, [&] { producer.join(); }, "producer after the queue drained");
+  EXPECT_EQ(submitted.load(), rt::Queue::kMaxPending + 10);
+  q.synchronize();
+  EXPECT_TRUE(q.query());
+}
