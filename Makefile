@@ -54,5 +54,17 @@ test-python: build
 
 test: test-runtime test-python
 
+# Full benchmark (~20 min on 2 cores): regenerates docs/performance.md.
+bench: build
+	$(PYTHON) -m pip install -q matplotlib
+	$(PYTHON) bench/run.py --out bench/results/$$(date -u +%F).json
+	$(PYTHON) bench/report.py bench/results/$$(date -u +%F).json
+
+# Smoke test of the harness (tiny sizes, no thresholds); the report goes to a temp dir.
+bench-quick: build
+	$(PYTHON) -m pip install -q matplotlib
+	$(PYTHON) bench/run.py --quick --out $$(mktemp -d)/quick.json | tee /tmp/neuronx-bench-quick.log
+	$(PYTHON) bench/report.py $$(tail -1 /tmp/neuronx-bench-quick.log | sed 's/^wrote //') --out-dir $$(mktemp -d)
+
 clean:
 	rm -rf build build-rt torch_neuronx/_C*.so *.egg-info

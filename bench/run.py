@@ -1,0 +1,387 @@
+"""Benchmarks side by side: every `neuron` figure is a ratio to CPU measured in the same run.
+
+Modes per workload, interleaved (A B C A B C ...), medians over repetitions after
+warm-up: CPU eager, CPU torch.compile (Inductor; compile time reported apart), and
+neuron eager. Results are checked equal (within tolerance) across modes before
+timings are accepted; every timed call ends with a synchronize.
+
+    python bench/run.py              # full run, writes bench/results/<date>.json
+    python bench/run.py --quick      # tiny sizes, 2 repetitions: a smoke test of the harness
+"""
+import argparse
+import datetime
+import json
+import math
+import os
+import pathlib
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+MODES = ("cpu_eager", "cpu_inductor", "neuron_eager")
+
+
+def sync(device):
+    if device == "neuron":
+        torch.neuron.synchronize()
+
+
+# ---------------------------------------------------------------- models
+
+class Block(nn.Module):
+    """nanoGPT decoder block (pre-norm, causal self-attention, GELU MLP)."""
+
+    def __init__(self, d, heads):
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.fc, self.out = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+        self.heads = heads
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
+        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(y.transpose(1, 2).reshape(b, t, d))
+        return x + self.out(F.gelu(self.fc(self.ln2(x))))
+
+
+class NanoGPT(nn.Module):
+    def __init__(self, vocab=4096, d=256, layers=6, heads=8, seq=256):
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(seq, d)
+        self.blocks = nn.ModuleList(Block(d, heads) for _ in range(layers))
+        self.ln, self.head = nn.LayerNorm(d), nn.Linear(d, vocab, bias=False)
+
+    def forward(self, idx):
+        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
+        for blk in self.blocks:
+            x = blk(x)
+        return self.head(self.ln(x))
+
+
+class BertEncoder(nn.Module):
+    def __init__(self, vocab=30522, d=768, layers=12, heads=12, ff=3072, seq=128):
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(seq, d)
+        self.ln = nn.LayerNorm(d)
+        layer = nn.TransformerEncoderLayer(d, heads, ff, dropout=0.0, activation="gelu", batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+
+    def forward(self, idx):
+        x = self.ln(self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device)))
+        return self.encoder(x)
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.c1, self.b1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout)
+        self.c2, self.b2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False), nn.BatchNorm2d(cout)
+        self.down = None
+        if stride != 1 or cin != cout:
+            self.down = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        y = F.relu(self.b1(self.c1(x)))
+        y = self.b2(self.c2(y))
+        return F.relu(y + (x if self.down is None else self.down(x)))
+
+
+class ResNet18(nn.Module):
+    def __init__(self, classes=1000, width=64):
+        super().__init__()
+        w = width
+        self.stem = nn.Sequential(nn.Conv2d(3, w, 7, 2, 3, bias=False), nn.BatchNorm2d(w), nn.ReLU(),
+                                  nn.MaxPool2d(3, 2, 1))
+        chans = [w, 2 * w, 4 * w, 8 * w]
+        layers, cin = [], w
+        for i, c in enumerate(chans):
+            layers += [BasicBlock(cin, c, 1 if i == 0 else 2), BasicBlock(c, c, 1)]
+            cin = c
+        self.layers = nn.Sequential(*layers)
+        self.fc = nn.Linear(cin, classes)
+
+    def forward(self, x):
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(self.layers(self.stem(x)), 1), 1))
+
+
+def mlp(d=1024, hidden=4096, classes=10):
+    return nn.Sequential(nn.Linear(d, hidden), nn.GELU(), nn.Linear(hidden, hidden), nn.GELU(),
+                         nn.Linear(hidden, classes))
+
+
+# ---------------------------------------------------------------- workloads
+# Each workload builds per-device state once and returns a callable that runs
+# one measured unit of work and returns a CPU tensor for the equality check.
+
+def make_training_step(model_fn, data_fn, loss_fn):
+    def setup(device, compiled):
+        torch.manual_seed(0)
+        model = model_fn().to(device)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        inputs, targets = (t.to(device) for t in data_fn())
+        fwd = torch.compile(model) if compiled else model
+
+        def step():
+            opt.zero_grad(set_to_none=True)
+            loss = loss_fn(fwd(inputs), targets)
+            loss.backward()
+            opt.step()
+            return loss
+
+        def check():
+            # equality check: the first step's loss from identical initial weights
+            return step().detach().cpu()
+
+        return step, check
+    return setup
+
+
+def make_inference(model_fn, data_fn):
+    def setup(device, compiled):
+        torch.manual_seed(0)
+        model = model_fn().to(device).eval()
+        x = data_fn().to(device)
+        fwd = torch.compile(model) if compiled else model
+
+        def run():
+            with torch.no_grad():
+                return fwd(x)
+
+        return run, lambda: run().cpu()
+    return setup
+
+
+def pointwise_setup(n):
+    def setup(device, compiled):
+        g = torch.Generator().manual_seed(0)
+        x, bias, res = (torch.randn(n, generator=g).to(device) for _ in range(3))
+
+        def chain(x, bias, res, train):
+            return F.dropout(F.gelu(x + bias), p=0.1, training=train) + res
+
+        fn = torch.compile(chain) if compiled else chain
+        # Timed runs use dropout in training mode; the check runs it as identity,
+        # since Inductor's dropout draws from its own random stream.
+        return (lambda: fn(x, bias, res, True)), (lambda: fn(x, bias, res, False).cpu())
+    return setup
+
+
+def dispatch_setup(ops):
+    def setup(device, compiled):
+        g = torch.Generator().manual_seed(0)
+        a = torch.randn(16, generator=g).to(device)
+        b = torch.randn(16, generator=g).to(device)
+
+        def loop(a, b):
+            c = a
+            for _ in range(ops):
+                c = c + b
+            return c
+
+        fn = torch.compile(loop) if compiled else loop
+        return (lambda: fn(a, b)), (lambda: fn(a, b).cpu())
+    return setup
+
+
+def workloads(quick):
+    if quick:
+        return {
+            "dispatch": dict(setup=dispatch_setup(200), ops=200, modes=("cpu_eager", "neuron_eager"),
+                             note="200 tiny adds"),
+            "pointwise_chain": dict(setup=pointwise_setup(1 << 16), bytes=4 * (1 << 16) * 4,
+                                    note="GELU/bias/dropout/residual, 64K elements"),
+            "mlp_train_step": dict(setup=make_training_step(lambda: mlp(64, 128), lambda: (
+                torch.randn(32, 64, generator=torch.Generator().manual_seed(1)),
+                torch.randint(0, 10, (32,), generator=torch.Generator().manual_seed(2))), F.cross_entropy),
+                modes=("cpu_eager", "neuron_eager"), train=True, note="MLP 64-128-128-10"),
+        }
+    tokens = lambda n, vocab, seq: torch.randint(0, vocab, (n, seq), generator=torch.Generator().manual_seed(3))
+    return {
+        # Inductor would unroll the Python loop into one graph: not a dispatch measurement.
+        "dispatch": dict(setup=dispatch_setup(2000), ops=2000, inner=100, modes=("cpu_eager", "neuron_eager"),
+                         note="2000 tiny (16-element) adds + sync, 100 times per measurement"),
+        "pointwise_chain": dict(setup=pointwise_setup(1 << 22), bytes=4 * (1 << 22) * 4, inner=12,
+                                note="GELU/bias/dropout/residual on 4M elements, 12 times per measurement"),
+        "mlp_train_step": dict(
+            setup=make_training_step(mlp, lambda: (torch.randn(256, 1024, generator=torch.Generator().manual_seed(1)),
+                                                   torch.randint(0, 10, (256,),
+                                                                 generator=torch.Generator().manual_seed(2))),
+                                     F.cross_entropy),
+            train=True, inner=2, flops=6 * 256 * (1024 * 4096 + 4096 * 4096 + 4096 * 10),
+            note="MLP 1024-4096-4096-10, batch 256, forward+backward+AdamW"),
+        "nanogpt_train_step": dict(
+            setup=make_training_step(NanoGPT, lambda: (tokens(4, 4096, 256), tokens(4, 4096, 256)),
+                                     lambda logits, t: F.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                                       t.reshape(-1))),
+            train=True, memory=True, inner=2,
+            flops=6 * 4 * 256 * (6 * 12 * 256 * 256 + 256 * 4096),
+            note="nanoGPT decoder, 6 layers d=256, ~6.9M params, seq 256, batch 4"),
+        "bert_base_inference": dict(
+            setup=make_inference(BertEncoder, lambda: tokens(8, 30522, 128)),
+            flops=2 * 8 * 128 * 12 * 12 * 768 * 768, reps=5,
+            note="BERT-base-sized encoder (12 layers, d=768), seq 128, batch 8, random weights"),
+        "resnet18_inference": dict(
+            setup=make_inference(ResNet18, lambda: torch.randn(8, 3, 224, 224,
+                                                               generator=torch.Generator().manual_seed(4))),
+            flops=2 * 8 * 1.82e9, reps=5, inner=3, note="ResNet-18-sized CNN, batch 8, 224x224"),
+    }
+
+
+# ---------------------------------------------------------------- measurement
+
+def timed(fn, device, inner):
+    t = time.perf_counter()
+    for _ in range(inner):
+        fn()
+    sync(device)
+    return (time.perf_counter() - t) / inner
+
+
+def run_workload(name, w, reps, log):
+    modes = w.get("modes", MODES)
+    fns, checks, first_call = {}, {}, {}
+    for mode in modes:
+        device = "neuron" if mode.startswith("neuron") else "cpu"
+        torch._dynamo.reset()
+        t0 = time.perf_counter()
+        run, check = w["setup"](device, compiled=mode.endswith("inductor"))
+        checks[mode] = check()  # Inductor compiles here: first_call_s includes the compile time
+        first_call[mode] = time.perf_counter() - t0
+        fns[mode] = (run, device)
+    # Equality before timing: every mode agrees with CPU eager.
+    base = checks["cpu_eager"]
+    for mode, out in checks.items():
+        tol = dict(rtol=2e-3, atol=2e-3) if mode != "cpu_eager" else dict(rtol=0, atol=0)
+        torch.testing.assert_close(out.float(), base.float(), **tol,
+                                   msg=lambda m: f"{name}/{mode} disagrees with cpu_eager: {m}")
+    for mode, (run, device) in fns.items():  # warm-up
+        run()
+        sync(device)
+    # Each measurement repeats the unit of work `inner` times (about 0.5 s or
+    # more in the full run) and reports the time per unit.
+    inner = w.get("inner", 1)
+    times = {m: [] for m in fns}
+    for _ in range(w.get("reps", reps)):
+        for mode, (run, device) in fns.items():  # interleaved
+            times[mode].append(timed(run, device, inner))
+    res = {"note": w.get("note", ""), "inner": inner, "modes": {}}
+    for mode, ts in times.items():
+        res["modes"][mode] = dict(median_s=statistics.median(ts), min_s=min(ts), max_s=max(ts), reps=len(ts),
+                                  first_call_s=first_call[mode])
+    ce = res["modes"]["cpu_eager"]["median_s"]
+    ci = res["modes"].get("cpu_inductor", {}).get("median_s")
+    ne = res["modes"]["neuron_eager"]["median_s"]
+    # Throughput ratios (>1 means neuron is faster).
+    res["neuron_vs_cpu_eager"] = ce / ne
+    res["neuron_vs_cpu_inductor"] = ci / ne if ci else None
+    if "ops" in w:
+        res["us_per_op"] = {m: v["median_s"] / w["ops"] * 1e6 for m, v in res["modes"].items()}
+    for key in ("bytes", "flops"):
+        if key in w:
+            res[key] = w[key]
+    if w.get("memory"):
+        res["memory"] = measure_memory(w)
+    log(f"{name:<22}" + "".join(f"{m}={v['median_s'] * 1e3:9.2f} ms  " for m, v in res["modes"].items())
+        + f"neuron/cpu_eager throughput {res['neuron_vs_cpu_eager']:.2f}x")
+    return res
+
+
+def vm_hwm_bytes():
+    for line in pathlib.Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def measure_memory(w):
+    """Peak device memory of one step on neuron vs peak RSS growth of the same step on CPU."""
+    run, _ = w["setup"]("neuron", compiled=False)
+    run()
+    torch.neuron.synchronize()
+    torch.neuron.reset_peak_memory_stats()
+    base = torch.neuron.memory_allocated()
+    run()
+    torch.neuron.synchronize()
+    neuron_peak = torch.neuron.max_memory_allocated() - base
+    run_cpu, _ = w["setup"]("cpu", compiled=False)
+    run_cpu()
+    try:  # reset the process's peak RSS so the next step's growth is visible
+        pathlib.Path("/proc/self/clear_refs").write_text("5")
+        rss0 = vm_hwm_bytes()
+        run_cpu()
+        cpu_growth = vm_hwm_bytes() - rss0
+    except OSError:
+        cpu_growth = None
+    return {"neuron_step_peak_bytes": neuron_peak, "cpu_step_rss_growth_bytes": cpu_growth}
+
+
+def machine_context(quick):
+    n = (1 << 20) if quick else (1 << 25)
+    a, b, c = torch.empty(n), torch.randn(n), torch.randn(n)
+    ts = []
+    for _ in range(5):
+        t = time.perf_counter()
+        torch.add(b, c, alpha=3.0, out=a)
+        ts.append(time.perf_counter() - t)
+    triad = 3 * 4 * n / min(ts)
+    m = 512 if quick else 2048
+    x, y = torch.randn(m, m), torch.randn(m, m)
+    torch.mm(x, y)
+    ts = []
+    for _ in range(3):
+        t = time.perf_counter()
+        torch.mm(x, y)
+        ts.append(time.perf_counter() - t)
+    flops = 2 * m ** 3 / min(ts)
+    return {"triad_bytes_per_s": triad, "matmul_flops_per_s": flops}
+
+
+def git_commit():
+    try:
+        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True).strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="tiny sizes, 2 repetitions (harness smoke test)")
+    p.add_argument("--reps", type=int, default=7)
+    p.add_argument("--only", default="", help="comma-separated workload names")
+    p.add_argument("--out", default="", help="result JSON path (default bench/results/<date>.json)")
+    args = p.parse_args()
+    reps = 2 if args.quick else args.reps
+    log = lambda s: print(s, flush=True)
+    ws = workloads(args.quick)
+    if args.only:
+        ws = {k: v for k, v in ws.items() if k in args.only.split(",")}
+    log(f"torch {torch.__version__}, {os.cpu_count()} cores, {torch.get_num_threads()} threads, commit {git_commit()}")
+    result = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "torch": torch.__version__, "cores": os.cpu_count(), "threads": torch.get_num_threads(),
+        "commit": git_commit(), "python": platform.python_version(), "quick": args.quick,
+        "context": machine_context(args.quick), "workloads": {},
+    }
+    for name, w in ws.items():
+        result["workloads"][name] = run_workload(name, w, reps, log)
+    out = pathlib.Path(args.out) if args.out else ROOT / "bench" / "results" / (
+        ("quick-" if args.quick else "") + datetime.date.today().isoformat() + ".json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    log(f"wrote {out}")
+    if not all(math.isfinite(w["neuron_vs_cpu_eager"]) for w in result["workloads"].values()):
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
