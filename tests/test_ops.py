@@ -1156,3 +1156,24 @@ def test_conj_physical_inplace():
     rd = r.to(DEV)
     rd.conj_physical_()  # real: no-op
     compare(rd, r, exact=True)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_sdpa_takes_cpus_flash_kernel_bitwise(causal):
+    # neuron answers SDPA's backend choice like CPU and runs CPU's flash kernel through the
+    # overrideable ops: no T x T attention matrix, results and gradients bitwise equal to CPU.
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 64, 16, requires_grad=True) for _ in range(3))
+    qd, kd, vd = (t.detach().to(DEV).requires_grad_() for t in (q, k, v))
+    torch_neuronx.reset_metrics()
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    out_d = F.scaled_dot_product_attention(qd, kd, vd, is_causal=causal)
+    out.square().sum().backward()
+    out_d.square().sum().backward()
+    assert torch.equal(out_d.cpu(), out)
+    for a, b in ((qd, q), (kd, k), (vd, v)):
+        assert torch.equal(a.grad.cpu(), b.grad)
+    ops = torch_neuronx.metrics()["ops"]
+    assert "aten::_scaled_dot_product_flash_attention_for_cpu" in ops
+    assert "aten::_scaled_dot_product_flash_attention_for_cpu_backward" in ops
+    assert "aten::bmm" not in ops
