@@ -220,12 +220,13 @@ def workloads(quick):
             train=True, inner=2, flops=6 * 256 * (1024 * 4096 + 4096 * 4096 + 4096 * 10),
             note="MLP 1024-4096-4096-10, batch 256, forward+backward+AdamW"),
         "nanogpt_train_step": dict(
-            setup=make_training_step(NanoGPT, lambda: (tokens(4, 4096, 256), tokens(4, 4096, 256)),
+            setup=make_training_step(lambda: NanoGPT(vocab=8192, layers=8),
+                                     lambda: (tokens(4, 8192, 256), tokens(4, 8192, 256)),
                                      lambda logits, t: F.cross_entropy(logits.reshape(-1, logits.shape[-1]),
                                                                        t.reshape(-1))),
             train=True, memory=True, inner=2,
-            flops=6 * 4 * 256 * (6 * 12 * 256 * 256 + 256 * 4096),
-            note="nanoGPT decoder, 6 layers d=256, ~6.9M params, seq 256, batch 4"),
+            flops=6 * 4 * 256 * (8 * 12 * 256 * 256 + 256 * 8192),
+            note="nanoGPT decoder, 8 layers d=256, vocab 8192, ~10.5M params, seq 256, batch 4"),
         "bert_base_inference": dict(
             setup=make_inference(BertEncoder, lambda: tokens(8, 30522, 128)),
             flops=2 * 8 * 128 * 12 * 12 * 768 * 768, reps=5,
