@@ -75,7 +75,7 @@ at::Tensor& set_storage(at::Tensor& self, at::Storage source, int64_t offset, c1
     stride = strides;
   }
   const size_t needed = at::detail::computeStorageNbytes(size, stride, self.dtype().itemsize(), offset);
-  if (needed > impl->storage().nbytes() && self.numel() >= 0) resize_storage_bytes(impl->storage().unsafeGetStorageImpl(), needed);
+  if (needed > impl->storage().nbytes()) resize_storage_bytes(impl->storage().unsafeGetStorageImpl(), needed);
   impl->set_sizes_and_strides(size, stride, offset);
   return self;
 }
