@@ -32,7 +32,7 @@ class TinyTransformerLM(nn.Module):
         self.pos = nn.Parameter(torch.randn(seq, d_model) * 0.02)
         layer = nn.TransformerEncoderLayer(d_model, heads, 4 * d_model, dropout=0.1, batch_first=True,
                                            norm_first=True)
-        self.encoder = nn.TransformerEncoder(layer, layers)
+        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
         self.head = nn.Linear(d_model, vocab)
         self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(seq), persistent=False)
 
