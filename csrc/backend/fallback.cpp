@@ -389,7 +389,7 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::Stack* stack) {
   if (a.sync_only.load(std::memory_order_relaxed)) return sync_path(a, stack, d);
 
   // 1. Output metadata: cached per input signature, else the meta kernel.
-  std::string key;
+  thread_local std::string key;  // reused: no allocation per op
   const bool cacheable = MetaCache::make_key(args, key, a.float_values_shape);
   std::shared_ptr<const MetaResult> mr;
   if (cacheable) mr = a.meta_cache.find(key);
@@ -397,7 +397,7 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::Stack* stack) {
     auto fresh = run_meta(a, args);
     if (!fresh) return sync_path(a, stack, d);
     mr = std::make_shared<const MetaResult>(std::move(*fresh));
-    if (cacheable) a.meta_cache.insert(std::move(key), mr);
+    if (cacheable) a.meta_cache.insert(key, mr);
   }
 
   // 2. Outputs: new tensors, views, and resized out= arguments.
@@ -441,6 +441,7 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::Stack* stack) {
     auto mode = a.any_new ? (use_out ? OpKernel::Mode::kOut : OpKernel::Mode::kFunctionalCopy)
                           : OpKernel::Mode::kDirect;
     auto k = std::make_unique<OpKernel>(&a, mode);
+    if (mode == OpKernel::Mode::kOut) k->set_geometry(mr);
     k->args().reserve(a.num_args);
     AliasSet alias_set;
     for (size_t i = 0; i < a.num_args; ++i)
@@ -452,7 +453,7 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::Stack* stack) {
           k->outs()[r] = map_tensors(results[r], [&](const at::Tensor& t) { return alias_set.cpu(t); });
     }
     rt::Queue& q = current_queue(d);
-    std::string dtype_key;
+    thread_local std::string dtype_key;
     MetaCache::make_dtype_key(args, dtype_key);
     if (a.validated(dtype_key)) {
       translate([&] { q.launch(std::move(k)); });
@@ -466,11 +467,11 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::Stack* stack) {
       translate([&] { q.synchronize(); });
       try {
         k->execute();
-        a.mark_validated(std::move(dtype_key));
+        a.mark_validated(dtype_key);
       } catch (const MetaMismatch&) {
         // The op has run (inline, on the host); only our preallocated outputs
         // had the wrong shape. Adopt what the CPU kernel returned instead.
-        a.mark_validated(std::move(dtype_key));
+        a.mark_validated(dtype_key);
         c10::Stack& rets = k->args();
         for (size_t r = 0; r < a.num_returns && r < rets.size(); ++r)
           if (a.ret_arg[r] < 0)
@@ -478,7 +479,7 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::Stack* stack) {
       } catch (const c10::NotImplementedError&) {
         throw;
       } catch (const c10::Error& e) {
-        a.mark_validated(std::move(dtype_key));
+        a.mark_validated(dtype_key);
         std::string msg = e.what_without_backtrace();
         translate([&] {
           q.launch(std::make_unique<rt::FunctionKernel>(a.name.c_str(), [msg] { throw std::runtime_error(msg); }));
@@ -497,9 +498,9 @@ bool OpAnalysis::validated(const std::string& dtype_key) {
   return validated_.count(dtype_key) > 0;
 }
 
-void OpAnalysis::mark_validated(std::string dtype_key) {
+void OpAnalysis::mark_validated(const std::string& dtype_key) {
   std::lock_guard<std::mutex> g(validated_mu_);
-  validated_.insert(std::move(dtype_key));
+  validated_.insert(dtype_key);
 }
 
 void OpKernel::run() {
@@ -520,27 +521,23 @@ void OpKernel::execute() {
       c10::Stack s;
       s.reserve(args_.size() + outs_.size());
       size_t in = 0, out = 0;
-      // The out= kernel gets its own TensorImpls: if it fails half-way
-      // through a resize, outs_ keeps the geometry the fallback needs.
-      auto fresh = [](const c10::IValue& v) {
-        return map_tensors(v, [](const at::Tensor& t) {
-          if (!t.defined()) return t;
-          auto impl = c10::make_intrusive<c10::TensorImpl>(c10::Storage(t.storage()), t.key_set(), t.dtype());
-          impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
-          return at::Tensor(std::move(impl));
-        });
-      };
       for (const auto& arg : op_->out_op->schema().arguments())
-        s.push_back(arg.is_out() ? fresh(outs_[out++]) : args_[in++]);
+        s.push_back(arg.is_out() ? outs_[out++] : args_[in++]);
       try {
         op_->out_op->redispatchBoxed(kCPUKeys, &s);
         return;
       } catch (const c10::Error& e) {
         // Some out= kernels resize their output through an intermediate
         // shape; device buffers cannot grow inside a kernel. Use the
-        // functional form (now and from now on) and copy the result.
-        if (std::string_view(e.what()).find("not resizable") == std::string_view::npos) throw;
+        // functional form (now and from now on) and copy the result, after
+        // restoring the outputs' geometry (a failed resize may have changed it).
+        if (std::string_view(e.what()).find("not resizable") == std::string_view::npos || !geometry_) throw;
         op_->out_form_resizes.store(true);
+        for (size_t r = 0; r < outs_.size() && r < geometry_->returns.size(); ++r) {
+          if (!outs_[r].isTensor() || !geometry_->returns[r] || geometry_->returns[r]->empty()) continue;
+          const Geometry& g = (*geometry_->returns[r])[0];
+          outs_[r].toTensor().unsafeGetTensorImpl()->set_sizes_and_strides(g.sizes, g.strides, g.offset);
+        }
       }
       [[fallthrough]];
     }

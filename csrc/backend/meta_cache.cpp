@@ -139,10 +139,10 @@ std::shared_ptr<const MetaResult> MetaCache::find(const std::string& key) {
   return it == map_.end() ? nullptr : it->second;
 }
 
-void MetaCache::insert(std::string key, std::shared_ptr<const MetaResult> r) {
+void MetaCache::insert(const std::string& key, std::shared_ptr<const MetaResult> r) {
   std::lock_guard<std::mutex> g(mu_);
   if (map_.size() >= kMaxEntries) map_.clear();  // shapes churn: start over rather than grow
-  map_.emplace(std::move(key), std::move(r));
+  map_.emplace(key, std::move(r));
 }
 
 }  // namespace neuronx

@@ -34,7 +34,7 @@ class MetaCache {
   // and devices, and the kinds of scalar arguments.
   static void make_dtype_key(c10::ArrayRef<c10::IValue> args, std::string& key);
   std::shared_ptr<const MetaResult> find(const std::string& key);
-  void insert(std::string key, std::shared_ptr<const MetaResult> r);
+  void insert(const std::string& key, std::shared_ptr<const MetaResult> r);
 
  private:
   std::mutex mu_;

@@ -38,7 +38,7 @@ struct OpAnalysis {
   // Dtype signatures whose first call ran inline: the CPU kernel accepted
   // them, so later calls can be queued (dtype errors then raise at the op).
   bool validated(const std::string& dtype_key);
-  void mark_validated(std::string dtype_key);
+  void mark_validated(const std::string& dtype_key);
 
  private:
   std::mutex validated_mu_;
@@ -73,12 +73,15 @@ class OpKernel final : public rt::Kernel {
   const c10::Stack& args() const { return args_; }
   // One entry per return: aliases of the new outputs (None for other returns).
   std::vector<c10::IValue>& outs() { return outs_; }
+  // The outputs' geometry, to restore them if an out= kernel fails half-way.
+  void set_geometry(std::shared_ptr<const MetaResult> g) { geometry_ = std::move(g); }
 
  private:
   const OpAnalysis* op_;
   Mode mode_;
   c10::Stack args_;
   std::vector<c10::IValue> outs_;
+  std::shared_ptr<const MetaResult> geometry_;
 };
 
 }  // namespace neuronx

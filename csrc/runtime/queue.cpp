@@ -225,7 +225,15 @@ void Engine::loop() {
       // and a futex wake-up costs more than that.
       lk.unlock();
       const int64_t until = now_ns() + 20000;
-      while (pending_.load(std::memory_order_acquire) == 0 && now_ns() < until) std::this_thread::yield();
+      // (a pause loop, not sched_yield: a syscall per iteration costs the host core too)
+      for (int i = 0; pending_.load(std::memory_order_acquire) == 0; ++i) {
+        if ((i & 63) == 0 && now_ns() >= until) break;
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#else
+        std::this_thread::yield();
+#endif
+      }
       lk.lock();
       q = pick_locked();
       if (!q) {
