@@ -86,7 +86,8 @@ def render(result, json_name, png_name):
         "Before timing, each mode's result is checked against CPU eager (bitwise for CPU eager, "
         "within 2e-3 otherwise). The `neuron` device is simulated on the same CPU cores (see "
         "README), so these ratios measure the overhead and the overlap of the backend itself.",
-        "Ratios are throughput ratios: above 1 means `neuron` is faster.",
+        "Ratios are throughput ratios: above 1 means `neuron` is faster. \"First call\" is the first "
+        "call after setup; for Inductor it is the (cold, caches disabled) compile time.",
         "",
         f"![throughput ratios]({png_name})",
         "",

@@ -8,11 +8,15 @@ timings are accepted; every timed call ends with a synchronize.
     python bench/run.py              # full run, writes bench/results/<date>.json
     python bench/run.py --quick      # tiny sizes, 2 repetitions: a smoke test of the harness
 """
-import argparse
+import os
+
+# Inductor's on-disk caches would turn "first call" into a cache load: report cold compiles.
+os.environ.setdefault("TORCHINDUCTOR_FORCE_DISABLE_CACHES", "1")
+
+import argparse  # noqa: E402
 import datetime
 import json
 import math
-import os
 import pathlib
 import platform
 import statistics
