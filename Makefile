@@ -54,7 +54,7 @@ test-python: build
 
 test: test-runtime test-python
 
-# Full benchmark (~20 min on 2 cores): regenerates docs/performance.md.
+# Full benchmark (~3 min on 2 cores): regenerates docs/performance.md.
 bench: build
 	$(PYTHON) -m pip install -q matplotlib
 	$(PYTHON) bench/run.py --out bench/results/$$(date -u +%F).json
