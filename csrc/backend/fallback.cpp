@@ -326,7 +326,7 @@ bool meta_unavailable(const std::exception& e) {
 // Runs the op's meta kernel on meta twins of the operands. nullopt: the op
 // must take the synchronous path (no meta kernel, data-dependent shapes, or
 // results that are host values).
-std::optional<MetaResult> run_meta(OpAnalysis& a, c10::ArrayRef<c10::IValue> args) {
+std::shared_ptr<MetaResult> run_meta(OpAnalysis& a, c10::ArrayRef<c10::IValue> args) {
   c10::Stack meta;
   meta.reserve(a.num_args);
   AliasSet alias_set;
@@ -337,42 +337,42 @@ std::optional<MetaResult> run_meta(OpAnalysis& a, c10::ArrayRef<c10::IValue> arg
   } catch (const c10::Error& e) {
     if (!meta_unavailable(e)) throw;  // the user's error (bad shapes, dtypes): same as CPU would say
     if (dynamic_cast<const c10::NotImplementedError*>(&e)) a.sync_only.store(true);
-    return std::nullopt;
+    return nullptr;
   } catch (const std::exception&) {
     // A Python meta kernel raised: let the CPU kernel decide (and word the error).
     clear_python_error();
-    return std::nullopt;
+    return nullptr;
   }
-  MetaResult r;
-  r.returns.resize(a.num_returns);
-  r.return_is_list.resize(a.num_returns, false);
+  auto r = std::make_shared<MetaResult>();
+  r->returns.resize(a.num_returns);
+  r->return_is_list.resize(a.num_returns, false);
   for (size_t i = 0; i < a.num_returns && i < meta.size(); ++i) {
     const c10::IValue& v = meta[i];
     if (v.isTensor()) {
       check_supported_result(a, v.toTensor());
-      r.returns[i] = std::vector<Geometry>{Geometry::of(v.toTensor())};
+      r->returns[i] = std::vector<Geometry>{Geometry::of(v.toTensor())};
     } else if (v.isTensorList()) {
       std::vector<Geometry> gs;
       for (const at::Tensor& t : v.toTensorVector()) {
         check_supported_result(a, t);
         gs.push_back(Geometry::of(t));
       }
-      r.returns[i] = std::move(gs);
-      r.return_is_list[i] = true;
+      r->returns[i] = std::move(gs);
+      r->return_is_list[i] = true;
     } else if (!v.isNone()) {
       a.sync_only.store(true);  // returns a host value (bool, int, ...): must run to know it
-      return std::nullopt;
+      return nullptr;
     }
   }
   for (size_t i = 0; i < a.num_args; ++i)
     if (a.arg_written[i] && meta_args[i].isTensor() && meta_args[i].toTensor().defined())
-      r.written.emplace_back(i, Geometry::of(meta_args[i].toTensor()));
+      r->written.emplace_back(i, Geometry::of(meta_args[i].toTensor()));
   // Where ATen's meta kernel and its CPU kernel disagree on output shapes.
   if ((a.name == "aten::native_batch_norm" || a.name == "aten::_native_batch_norm_legit") && args.size() > 5 && args[5].isBool() && !args[5].toBool()) {
     // In eval mode the CPU kernel returns empty save_mean / save_invstd.
-    for (size_t i = 1; i < 3 && i < r.returns.size(); ++i)
-      if (r.returns[i] && !r.returns[i]->empty()) {
-        Geometry& g = (*r.returns[i])[0];
+    for (size_t i = 1; i < 3 && i < r->returns.size(); ++i)
+      if (r->returns[i] && !r->returns[i]->empty()) {
+        Geometry& g = (*r->returns[i])[0];
         g.sizes.assign({0});
         g.strides.assign({1});
         g.offset = 0;
@@ -396,7 +396,7 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::Stack* stack) {
   if (!mr) {
     auto fresh = run_meta(a, args);
     if (!fresh) return sync_path(a, stack, d);
-    mr = std::make_shared<const MetaResult>(std::move(*fresh));
+    mr = std::move(fresh);
     if (cacheable) a.meta_cache.insert(key, mr);
   }
 
@@ -454,8 +454,13 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::Stack* stack) {
     }
     rt::Queue& q = current_queue(d);
     thread_local std::string dtype_key;
-    MetaCache::make_dtype_key(args, dtype_key);
-    if (a.validated(dtype_key)) {
+    bool validated = mr->dtypes_validated.load(std::memory_order_relaxed);
+    if (!validated) {
+      MetaCache::make_dtype_key(args, dtype_key);
+      validated = a.validated(dtype_key);
+    }
+    if (validated) {
+      mr->dtypes_validated.store(true, std::memory_order_relaxed);
       translate([&] { q.launch(std::move(k)); });
       a.counters->async.fetch_add(1, std::memory_order_relaxed);
     } else {
@@ -468,6 +473,7 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::Stack* stack) {
       try {
         k->execute();
         a.mark_validated(dtype_key);
+        mr->dtypes_validated.store(true, std::memory_order_relaxed);
       } catch (const MetaMismatch&) {
         // The op has run (inline, on the host); only our preallocated outputs
         // had the wrong shape. Adopt what the CPU kernel returned instead.
@@ -477,7 +483,7 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::Stack* stack) {
           if (a.ret_arg[r] < 0)
             results[r] = map_tensors(rets[r], [&](const at::Tensor& t) { return adopt_host_result(a, t, d); });
       } catch (const c10::NotImplementedError&) {
-        throw;
+        throw;  // unsupported dtype: raise at the op (the case below would queue it)
       } catch (const c10::Error& e) {
         a.mark_validated(dtype_key);
         std::string msg = e.what_without_backtrace();

@@ -2,6 +2,7 @@
 // Output metadata per op and input signature. Meta kernels (many of them
 // Python references) cost tens of microseconds; a training loop repeats the
 // same signatures, so the eager path pays that once per signature.
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -19,6 +20,9 @@ struct MetaResult {
   std::vector<std::optional<std::vector<Geometry>>> returns;
   std::vector<bool> return_is_list;
   std::vector<std::pair<size_t, Geometry>> written;  // final geometry of out= arguments
+  // Set once a call with this signature ran (so its dtypes are known to be
+  // supported): later hits skip the per-dtype validation lookup.
+  mutable std::atomic<bool> dtypes_validated{false};
 };
 
 class MetaCache {

@@ -5,6 +5,7 @@
 #include <pybind11/stl.h>
 
 #include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <c10/core/CachingDeviceAllocator.h>
 #include <torch/csrc/Event.h>
 #include <torch/csrc/Generator.h>
 
@@ -157,18 +158,12 @@ PYBIND11_MODULE(_C, m) {
 
   m.def("_memory_stats", [](int d) { return memory_stats(d); });
   m.def("_memory_snapshot", [](int d) { return memory_snapshot(d); });
-  m.def("_empty_cache", [] {
-    if (!rt::is_initialized()) return;
-    for (int i = 0; i < rt::device_count(); ++i) runtime_device(i).allocator().empty_cache();
-  });
+  // Same code paths as torch.accelerator.empty_cache / mem_get_info.
+  m.def("_empty_cache", [] { c10::getDeviceAllocator(kNeuron)->emptyCache(); });
   m.def("_reset_peak_memory_stats", [](int d) { runtime_device(d).allocator().reset_peak_stats(); });
   m.def("_reset_accumulated_memory_stats", [](int d) { runtime_device(d).allocator().reset_accumulated_stats(); });
-  m.def("_mem_get_info", [](int d) {
-    auto& a = runtime_device(d).allocator();
-    const size_t cap = a.limit() ? a.limit() : a.capacity();
-    const size_t reserved = a.reserved();
-    return std::make_pair(cap > reserved ? cap - reserved : 0, a.capacity());
-  });
+  m.def("_mem_get_info",
+        [](int d) { return c10::getDeviceAllocator(kNeuron)->getMemoryInfo(static_cast<c10::DeviceIndex>(d)); });
   m.def("_set_memory_fraction", [](double fraction, int d) {
     TORCH_CHECK(fraction > 0 && fraction <= 1, "memory fraction must be in (0, 1], got ", fraction);
     auto& a = runtime_device(d).allocator();

@@ -2,7 +2,6 @@
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/TensorUtils.h>
-#include <ATen/ops/empty_strided.h>
 #include <c10/core/CPUAllocator.h>
 
 #include <cstring>

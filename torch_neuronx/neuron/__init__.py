@@ -197,11 +197,14 @@ def stream(stream: Optional[torch.Stream]):
             _C._set_device(prev_dev)
 
 
+_stream_cm = stream
+
+
 class StreamContext:
     """Class form of :func:`stream`."""
 
     def __init__(self, stream: Optional[torch.Stream]):
-        self._cm = globals()["stream"](stream)
+        self._cm = _stream_cm(stream)
 
     def __enter__(self):
         return self._cm.__enter__()
