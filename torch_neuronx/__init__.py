@@ -7,9 +7,17 @@ package never needs to be imported by user code.
 """
 import atexit as _atexit
 
-import torch
 
-from . import _C
+def _autoload():
+    """Entry point of the ``torch.backends`` group: importing the package registers the device.
+
+    Defined before ``import torch``: when user code imports ``torch_neuronx`` first, torch's
+    backend autoloading looks this name up on the partially initialized package."""
+
+
+import torch  # noqa: E402
+
+from . import _C  # noqa: E402
 
 __all__ = ["metrics", "reset_metrics"]
 __version__ = "0.1.0"
@@ -28,10 +36,6 @@ def _register():
 
 
 _register()
-
-
-def _autoload():
-    """Entry point of the ``torch.backends`` group: importing the package registered the device."""
 
 
 def metrics():

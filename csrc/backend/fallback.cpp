@@ -75,10 +75,12 @@ OpAnalysis::OpAnalysis(const c10::OperatorHandle& h) : op(h) {
   num_args = s.arguments().size();
   num_returns = s.returns().size();
   arg_written.resize(num_args, false);
+  arg_out.resize(num_args, false);
   for (size_t i = 0; i < num_args; ++i) {
     const auto& a = s.arguments()[i];
     if (a.alias_info() && a.alias_info()->isWrite()) {
       arg_written[i] = true;
+      arg_out[i] = a.is_out();
       any_written = true;
     }
     auto t = a.real_type();
@@ -272,7 +274,19 @@ at::Tensor adopt_host_result(const OpAnalysis& a, const at::Tensor& r, c10::Devi
   return out;
 }
 
-void sync_path(OpAnalysis& a, c10::Stack* stack, c10::DeviceIndex d) {
+bool same_layout(c10::IntArrayRef sizes_a, c10::IntArrayRef strides_a, c10::IntArrayRef sizes_b,
+                 c10::IntArrayRef strides_b) {
+  if (sizes_a != sizes_b) return false;
+  // Strides of size-1 dimensions carry no meaning.
+  for (size_t i = 0; i < sizes_a.size(); ++i)
+    if (sizes_a[i] != 1 && strides_a[i] != strides_b[i]) return false;
+  return true;
+}
+
+// `predicted`: the meta kernel's geometry for resized out= arguments; the
+// CPU kernel's result tells whether it can be trusted for this op.
+void sync_path(OpAnalysis& a, c10::Stack* stack, c10::DeviceIndex d,
+               std::vector<std::pair<size_t, Geometry>>* predicted = nullptr) {
   a.counters->sync.fetch_add(1, std::memory_order_relaxed);
   count_sync(SyncReason::kDataDependent);
   rt::Queue& q = current_queue(d);
@@ -297,10 +311,24 @@ void sync_path(OpAnalysis& a, c10::Stack* stack, c10::DeviceIndex d) {
     const at::Tensor& host_t = aliases[i].toTensor();
     if (!dev_t.defined() || dev_t.device().type() != kNeuron) continue;
     if (host_t.sizes() == dev_t.sizes() && host_t.strides() == dev_t.strides() &&
-        host_t.storage().data_ptr().get() == dev_t.storage().data_ptr().get())
+        host_t.storage().data_ptr().get() == dev_t.storage().data_ptr().get() && host_t.is_conj() == dev_t.is_conj())
       continue;
     adopt_geometry(dev_t, Geometry::of(host_t));
-    cpu_alias(dev_t).copy_(host_t);
+    // A grown storage copies its old bytes on the queue: let that land first.
+    translate([&] { q.synchronize(); });
+    // Physical values, then the conjugate bit the kernel set (linalg out= forms do).
+    const bool conj = host_t.is_conj();
+    dev_t._set_conj(false);
+    cpu_alias(dev_t).copy_(conj ? host_t.conj() : host_t);
+    dev_t._set_conj(conj);
+  }
+  if (predicted) {  // emptied when the CPU kernel chose the predicted layouts
+    bool agree = true;
+    for (const auto& [i, g] : *predicted) {
+      const at::Tensor& host_t = aliases[i].toTensor();
+      agree = agree && same_layout(host_t.sizes(), host_t.strides(), g.sizes, g.strides);
+    }
+    if (agree) predicted->clear();
   }
   std::vector<c10::IValue> results(cpu.begin(), cpu.end());
   torch::jit::drop(*stack, a.num_args);
@@ -335,8 +363,10 @@ std::shared_ptr<MetaResult> run_meta(OpAnalysis& a, c10::ArrayRef<c10::IValue> a
   try {
     a.op.redispatchBoxed(kMetaKeys, &meta);
   } catch (const c10::Error& e) {
-    if (!meta_unavailable(e)) throw;  // the user's error (bad shapes, dtypes): same as CPU would say
-    if (dynamic_cast<const c10::NotImplementedError*>(&e)) a.sync_only.store(true);
+    // No meta kernel: always synchronous. Any other error is the user's (bad
+    // shapes, dtypes, indices): the CPU kernel, run synchronously, raises it
+    // with CPU's own exception type and wording.
+    if (meta_unavailable(e) && dynamic_cast<const c10::NotImplementedError*>(&e)) a.sync_only.store(true);
     return nullptr;
   } catch (const std::exception&) {
     // A Python meta kernel raised: let the CPU kernel decide (and word the error).
@@ -400,6 +430,37 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::Stack* stack) {
     if (cacheable) a.meta_cache.insert(key, mr);
   }
 
+  // Written arguments whose shape the op changes. In-place ops must not
+  // (CPU raises, e.g. a broadcast that would grow self: its kernel words the
+  // error); out= arguments are resized, trusting the meta kernel's layout once
+  // a synchronous run has shown the CPU kernel picks the same one.
+  thread_local std::vector<std::pair<size_t, Geometry>> resized;
+  resized.clear();
+  for (const auto& [i, g] : mr->written) {
+    const at::Tensor& t = args[i].toTensor();
+    if (!t.defined() || t.device().type() != kNeuron || t.sizes() == c10::IntArrayRef(g.sizes)) continue;
+    if (!a.arg_out[i]) {
+      // In-place metadata ops (transpose_, unsqueeze_) keep the element count.
+      if (c10::multiply_integers(g.sizes) != t.numel() || t.numel() == 0) return sync_path(a, stack, d);
+      continue;
+    }
+    // An out= argument that is also an input would change under the kernel.
+    for (size_t j = 0; j < a.num_args; ++j)
+      if (j != i && args[j].isTensor() && args[j].toTensor().defined() && args[j].toTensor().is_alias_of(t))
+        return sync_path(a, stack, d);
+    resized.emplace_back(i, g);
+  }
+  if (!resized.empty()) {
+    const int state = mr->out_resize.load(std::memory_order_relaxed);
+    if (state == 0) {
+      auto predicted = resized;  // sync_path may reenter the fallback (thread_local reuse)
+      sync_path(a, stack, d, &predicted);
+      mr->out_resize.store(predicted.empty() ? 1 : 2, std::memory_order_relaxed);
+      return;
+    }
+    if (state == 2) return sync_path(a, stack, d);
+  }
+
   // 2. Outputs: new tensors, views, and resized out= arguments.
   std::vector<c10::IValue> results(a.num_returns);
   bool launch = a.any_written;
@@ -420,7 +481,11 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::Stack* stack) {
   }
   for (const auto& [i, g] : mr->written) {
     const at::Tensor& t = args[i].toTensor();
-    if (t.defined() && t.device().type() == kNeuron) adopt_geometry(t, g);
+    // A correctly sized out= argument keeps its strides: CPU kernels write
+    // through them (or raise, e.g. on internal overlap) rather than restride.
+    if (!t.defined() || t.device().type() != kNeuron) continue;
+    if (a.arg_out[i] && t.sizes() == c10::IntArrayRef(g.sizes)) continue;
+    adopt_geometry(t, g);
   }
 
   if (!launch) {
@@ -471,6 +536,7 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::Stack* stack) {
       a.counters->sync.fetch_add(1, std::memory_order_relaxed);
       translate([&] { q.synchronize(); });
       try {
+        k->set_validating(true);
         k->execute();
         a.mark_validated(dtype_key);
         mr->dtypes_validated.store(true, std::memory_order_relaxed);
@@ -551,11 +617,15 @@ void OpKernel::execute() {
       op_->op.redispatchBoxed(kCPUKeys, &args_);
       auto copy_out = [&](const at::Tensor& dst, const at::Tensor& src) {
         if (!dst.defined()) return;
-        if (!src.defined() || dst.sizes() != src.sizes() || dst.scalar_type() != src.scalar_type()) {
+        if (!src.defined() || dst.sizes() != src.sizes() || dst.scalar_type() != src.scalar_type() ||
+            (validating_ && src.layout() == c10::kStrided &&
+             !same_layout(dst.sizes(), dst.strides(), src.sizes(), src.strides()))) {
           op_->sync_only.store(true);
           throw MetaMismatch(op_->name + ": the meta kernel predicted an output of shape " +
-                             c10::str(dst.sizes()) + " but the kernel produced " +
-                             (src.defined() ? c10::str(src.sizes()) : std::string("none")) +
+                             c10::str(dst.sizes()) + " strides " + c10::str(dst.strides()) +
+                             " but the kernel produced " +
+                             (src.defined() ? c10::str(src.sizes()) + " strides " + c10::str(src.strides())
+                                            : std::string("none")) +
                              "; this op now runs synchronously");
         }
         dst.copy_(src);
@@ -600,6 +670,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   // CompositeExplicitAutograd kernels that call CPU dispatch stubs directly
   // on their (neuron) arguments: route them through the fallback instead.
   m.impl("conj_physical_", torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>());
+  m.impl("mode.values", torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>());
   m.impl("convolution_overrideable", torch::CppFunction::makeFromBoxedFunction<&convolution_overrideable>());
   m.impl("convolution_backward_overrideable",
          torch::CppFunction::makeFromBoxedFunction<&convolution_backward_overrideable>());
@@ -621,7 +692,18 @@ void register_direct_fallbacks() {
     if (name.name.rfind("aten::", 0) != 0) continue;
     auto h = dispatcher.findSchema(name);
     if (!h || h->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) continue;
-    if (!h->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional)) continue;
+    // Also CompositeExplicitAutograd ops that CPU overrides with a kernel of
+    // its own (native_layer_norm, native_group_norm, addr, ...): the
+    // composite's decomposition rounds differently in reduced precision;
+    // the CPU kernel on device memory matches CPU bit for bit.
+    // (mish_backward: CompositeImplicitAutograd, as CUDA has its own kernel.)
+    const bool cpu_overrides_composite =
+        (h->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
+         h->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd)) &&
+        h->hasKernelForDispatchKey(c10::DispatchKey::CPU);
+    if (!h->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional) &&
+        !cpu_overrides_composite)
+      continue;
     const std::string full = name.name.substr(6) + (name.overload_name.empty() ? "" : "." + name.overload_name);
     lib->impl(full.c_str(), torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>());
   }

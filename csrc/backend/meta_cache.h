@@ -23,6 +23,10 @@ struct MetaResult {
   // Set once a call with this signature ran (so its dtypes are known to be
   // supported): later hits skip the per-dtype validation lookup.
   mutable std::atomic<bool> dtypes_validated{false};
+  // Resizing out= arguments with this signature: 0 not seen yet (run
+  // synchronously, compare the CPU kernel's layout with the meta kernel's),
+  // 1 they agree (resize on the host, queue the kernel), 2 always synchronous.
+  mutable std::atomic<int> out_resize{0};
 };
 
 class MetaCache {

@@ -149,7 +149,23 @@ at::Tensor copy_from_op(const at::Tensor& self, const at::Tensor& dst, bool non_
 
 }  // namespace
 
+// `param.data = t` and Module.to() keep a parameter's identity only when
+// the two tensors' impls are shallow-copy compatible; c10 lists only in-tree
+// dense backends. Host and neuron strided tensors are, as CPU and CUDA are:
+// without this, model.to("neuron") would replace every Parameter object
+// (optimizers built earlier would hold stale ones) and lazy modules would lose
+// their uninitialized parameters.
+bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& from) {
+  auto dense = [](const at::Tensor& t) {
+    const auto type = t.device().type();
+    return t.layout() == c10::kStrided && !t.is_quantized() && !t.is_nested() &&
+           (type == c10::kCPU || type == kNeuron);
+  };
+  return self.unsafeGetTensorImpl()->has_compatible_shallow_copy_type(from.key_set()) || (dense(self) && dense(from));
+}
+
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("_has_compatible_shallow_copy_type", has_compatible_shallow_copy_type);
   m.impl("empty.memory_format", empty_memory_format);
   m.impl("empty_strided", empty_strided);
   m.impl("as_strided", at::native::as_strided_tensorimpl);

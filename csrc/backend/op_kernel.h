@@ -22,6 +22,7 @@ struct OpAnalysis {
   std::string name;                        // "aten::add.Tensor"
   size_t num_args = 0, num_returns = 0;
   std::vector<bool> arg_written;           // argument is mutated (Tensor(a!))
+  std::vector<bool> arg_out;               // ...as an out= argument (not self of an in-place op)
   std::vector<int> ret_arg;                // return aliases this argument, or -1 (new)
   std::vector<bool> ret_view;              // ...as a view (not a mutated argument)
   std::vector<int> generator_args;         // Generator? arguments
@@ -75,6 +76,9 @@ class OpKernel final : public rt::Kernel {
   std::vector<c10::IValue>& outs() { return outs_; }
   // The outputs' geometry, to restore them if an out= kernel fails half-way.
   void set_geometry(std::shared_ptr<const MetaResult> g) { geometry_ = std::move(g); }
+  // A first call run inline: also check that the CPU kernel's output strides
+  // are the ones the meta kernel predicted (they differ for some linalg/fft ops).
+  void set_validating(bool v) { validating_ = v; }
 
  private:
   const OpAnalysis* op_;
@@ -82,6 +86,7 @@ class OpKernel final : public rt::Kernel {
   c10::Stack args_;
   std::vector<c10::IValue> outs_;
   std::shared_ptr<const MetaResult> geometry_;
+  bool validating_ = false;
 };
 
 }  // namespace neuronx
