@@ -442,3 +442,43 @@ def test_forked_child_gets_clear_error_not_a_hang():
     assert "|bad_fork=True|initialized=False" in msg
     # The parent is unaffected.
     assert torch.equal((torch.arange(3, device="neuron") + 1).cpu(), torch.arange(1, 4))
+
+
+def test_module_to_keeps_parameter_objects():
+    # An optimizer built before model.to("neuron") must still hold the model's parameters,
+    # as with CUDA (shallow-copy compatible host and device tensors).
+    model = torch.nn.Linear(3, 2)
+    params = list(model.parameters())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model.to("neuron")
+    assert all(p is q for p, q in zip(params, model.parameters()))
+    assert model.weight.device.type == "neuron"
+    before = model.weight.detach().cpu().clone()
+    model(torch.ones(4, 3, device="neuron")).sum().backward()
+    opt.step()
+    assert not torch.equal(model.weight.detach().cpu(), before)
+    p = torch.nn.Parameter(torch.zeros(2))
+    p.data = torch.ones(3, device="neuron")
+    assert p.device.type == "neuron" and p.shape == (3,)
+
+
+@pytest.mark.parametrize("cls,shape", [(torch.nn.LazyLinear, (2, 5)), (torch.nn.LazyConv1d, (2, 3, 8))])
+def test_lazy_modules_initialize_on_neuron(cls, shape):
+    torch.manual_seed(0)
+    ref = cls(4) if cls is torch.nn.LazyLinear else cls(4, 3)
+    torch.manual_seed(0)
+    m = (cls(4) if cls is torch.nn.LazyLinear else cls(4, 3)).to("neuron")
+    x = torch.randn(shape)
+    torch.manual_seed(1)
+    expected = ref(x)
+    torch.manual_seed(1)
+    actual = m(x.to("neuron"))
+    assert m.weight.device.type == "neuron" and m.weight.shape == ref.weight.shape
+    torch.testing.assert_close(actual.cpu(), expected)
+
+
+def test_import_torch_neuronx_before_torch():
+    code = "import torch_neuronx, torch; print(torch.ones(2, device='neuron').sum().item())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "2.0"

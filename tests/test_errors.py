@@ -141,8 +141,9 @@ def _cpu_index_error_message():
 def test_async_error_raises_at_synchronize():
     y = _bad_index_select()
     assert y.device.type == "neuron" and y.shape == (2,)
-    with pytest.raises(RuntimeError) as ei:
+    with pytest.raises(IndexError) as ei:
         torch.neuron.synchronize()
+    # IndexError, as CPU raises for this index (the kernel's exception type survives the queue).
     msg = str(ei.value)
     assert "index_select" in msg
     assert _cpu_index_error_message() in msg  # the kernel's own message, as on CPU
@@ -154,15 +155,17 @@ def test_async_error_raises_at_synchronize():
 
 def test_async_error_raises_at_cpu_copy():
     y = _bad_index_select()
-    with pytest.raises(RuntimeError, match="index_select"):
+    with pytest.raises(IndexError, match="index_select"):
         y.cpu()
     _assert_device_healthy()
 
 
 def test_async_error_raises_at_item_of_dependent_op():
     y = _bad_index_select()
-    z = (y * 2).sum()  # later ops on the same stream are skipped, the first failure is reported
-    with pytest.raises(RuntimeError) as ei:
+    with pytest.raises(IndexError) as ei:
+        # Later ops on the same stream are skipped and the first failure is reported at the
+        # first synchronization: item(), or an op's first (validating) call with new dtypes.
+        z = (y * 2).sum()
         z.item()
     assert "index_select" in str(ei.value)
     _assert_device_healthy()
@@ -171,7 +174,7 @@ def test_async_error_raises_at_item_of_dependent_op():
 def test_async_error_negative_index():
     x = torch.arange(5.0, device="neuron")
     y = torch.index_select(x, 0, torch.tensor([-7], device="neuron"))
-    with pytest.raises(RuntimeError, match="index_select"):
+    with pytest.raises(IndexError, match="index_select"):
         y.cpu()
     _assert_device_healthy()
 
@@ -179,7 +182,7 @@ def test_async_error_negative_index():
 def test_async_error_message_has_no_cpp_backtrace():
     # Python-facing errors read like CPU ones: the kernel's message, not a C++ stack dump.
     _bad_index_select()
-    with pytest.raises(RuntimeError) as ei:
+    with pytest.raises(IndexError) as ei:
         torch.neuron.synchronize()
     msg = str(ei.value)
     assert "frame #" not in msg
@@ -196,7 +199,7 @@ def test_async_error_on_side_stream_reported_by_its_sync():
     # side stream's error.
     _assert_device_healthy(drain=False)
     torch.neuron.current_stream().synchronize()
-    with pytest.raises(RuntimeError, match="index_select"):
+    with pytest.raises(IndexError, match="index_select"):
         ev.synchronize()
     s.synchronize()  # already reported
     with torch.neuron.stream(s):
@@ -208,7 +211,7 @@ def test_async_error_on_side_stream_reported_by_stream_sync():
     s = torch.neuron.Stream()
     with torch.neuron.stream(s):
         _bad_index_select()
-    with pytest.raises(RuntimeError, match="index_select"):
+    with pytest.raises(IndexError, match="index_select"):
         s.synchronize()
     with torch.neuron.stream(s):
         out = torch.ones(3, device="neuron") + 1
@@ -221,7 +224,7 @@ def test_async_error_on_other_device():
         _bad_index_select()
     _assert_device_healthy("neuron:0", drain=False)  # device 0 is not affected
     torch.neuron.synchronize(0)
-    with pytest.raises(RuntimeError, match="index_select"):
+    with pytest.raises(IndexError, match="index_select"):
         torch.neuron.synchronize(1)
     _assert_device_healthy("neuron:1")
 
@@ -264,7 +267,7 @@ def test_launch_blocking_raises_at_op():
         try:
             torch.index_select(x, 0, idx)
             res["at_op"] = None
-        except RuntimeError as e:
+        except IndexError as e:  # CPU's exception type
             res["at_op"] = str(e)
         try:
             torch.neuron.synchronize()

@@ -1177,3 +1177,110 @@ def test_sdpa_takes_cpus_flash_kernel_bitwise(causal):
     assert "aten::_scaled_dot_product_flash_attention_for_cpu" in ops
     assert "aten::_scaled_dot_product_flash_attention_for_cpu_backward" in ops
     assert "aten::bmm" not in ops
+
+
+# --- Semantics the conformance sweep (python -m torch_neuronx.conformance) found wrong ---
+
+
+@pytest.mark.parametrize("op", ["add_", "clamp_max_", "mul_"])
+def test_inplace_broadcast_that_would_grow_self_raises_as_on_cpu(op):
+    a, b = rand(5, 1, seed=1), rand(5, 5, seed=2)
+    with pytest.raises(RuntimeError) as cpu_err:
+        getattr(a.clone(), op)(b)
+    x = a.to(DEV)
+    with pytest.raises(RuntimeError) as dev_err:
+        getattr(x, op)(b.to(DEV))
+    assert str(dev_err.value).splitlines()[0] == str(cpu_err.value).splitlines()[0]
+    assert x.shape == (5, 1)  # self kept its shape and values
+    compare(x, a, exact=True)
+
+
+def test_inplace_addr_on_0d_self_raises_as_on_cpu():
+    with pytest.raises(RuntimeError, match="2D tensor expected"):
+        torch.tensor(1.0).addr_(torch.ones(2), torch.ones(3))
+    s = torch.tensor(1.0, device=DEV)
+    with pytest.raises(RuntimeError, match="2D tensor expected"):
+        s.addr_(torch.ones(2, device=DEV), torch.ones(3, device=DEV))
+    assert s.shape == () and s.item() == 1.0
+
+
+def test_host_bool_mask_values_decide_the_shape_every_call():
+    g = rand(5, 5, seed=3)
+    d = g.to(DEV)
+    for mask in ([True, False, True, False, False], [False] * 5, [True] * 5, [False, True, False, False, False]):
+        m = torch.tensor(mask)
+        compare(d[m], g[m], exact=True)
+        v = rand(5, seed=4)
+        compare(torch.index_put(d, (m,), v.to(DEV), accumulate=True), torch.index_put(g, (m,), v, accumulate=True),
+                exact=True)
+
+
+@pytest.mark.parametrize("call", [
+    lambda dev: torch.narrow_copy(torch.ones(3, 4, device=dev), 5, 0, 1),
+    lambda dev: torch.narrow_copy(torch.ones(10, device=dev), 0, 11, 1),
+    lambda dev: torch.ones(3, 4, device=dev).index_select(0, torch.tensor([5], device=dev)),
+    lambda dev: torch.ones(3, device=dev).view(2, 2),
+    lambda dev: torch.ones(2, 3, device=dev) @ torch.ones(2, 3, device=dev),
+], ids=["narrow_copy-dim", "narrow_copy-start", "index_select-index", "view", "matmul"])
+def test_errors_are_cpus_errors(call):
+    # Whatever the meta kernel says, neuron raises what CPU's kernel raises.
+    with pytest.raises(Exception) as cpu_err:
+        call("cpu")
+    with pytest.raises(Exception) as dev_err:
+        call(DEV)
+        torch.neuron.synchronize()
+    assert type(dev_err.value) is type(cpu_err.value)
+    assert str(cpu_err.value).splitlines()[0] in str(dev_err.value)
+
+
+def strides_match_cpu(fn, *inputs):
+    expected = fn(*inputs)
+    actual = fn(*(i.to(DEV) for i in inputs))
+    exp = expected if isinstance(expected, (tuple, list)) else (expected,)
+    act = actual if isinstance(actual, (tuple, list)) else (actual,)
+    for e, a in zip(exp, act):
+        assert a.stride() == e.stride(), (a.stride(), e.stride())
+        compare(a, e)
+
+
+def test_output_strides_match_cpu_where_meta_and_cpu_kernels_differ():
+    x = rand(5, 5, 5, seed=5)
+    strides_match_cpu(lambda t: torch.rot90(t, -5, (0, 1)), x)
+    strides_match_cpu(lambda t: t.flip(0).transpose_(0, 1), x)
+    strides_match_cpu(lambda t: torch.fft.rfftn(t), rand(2, 3, 4, seed=6))
+    strides_match_cpu(lambda t: torch.linalg.eig(t).eigenvalues.abs().sort().values, rand(4, 4, seed=7))
+    strides_match_cpu(lambda t: torch.linalg.eig(t).eigenvectors.abs(), rand(4, 4, seed=7))
+
+
+@pytest.mark.parametrize("fn", [
+    lambda t, out: torch.fft.ifft(t, out=out),
+    lambda t, out: torch.linalg.inv(t, out=out),
+], ids=["fft.ifft", "linalg.inv"])
+def test_out_resize_takes_the_cpu_kernels_layout(fn):
+    x = rand(4, 4, seed=8).to(torch.complex64)
+    for shape_from in (x, rand(3, 3, seed=9).to(torch.complex64), x):  # a new signature, then a cached one
+        cpu_out = torch.empty(0, dtype=torch.complex64)
+        fn(shape_from, cpu_out)
+        dev_out = torch.empty(0, dtype=torch.complex64, device=DEV)
+        fn(shape_from.to(DEV), dev_out)
+        assert dev_out.stride() == cpu_out.stride()
+        compare(dev_out, cpu_out)
+
+
+def test_out_resize_grows_storage_keeping_results():
+    # The sync path grows the out= storage; the old bytes must not land over the result.
+    for _ in range(3):
+        out = torch.empty(2, device=DEV)
+        a, b = rand(30, 4, seed=10), rand(30, 4, seed=11)
+        torch.mul(a.to(DEV), b.to(DEV), out=out)
+        compare(out, a * b, exact=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_norms_run_cpus_fused_kernels(dtype):
+    x, w, b = rand(4, 8, 16, seed=12).to(dtype), rand(16, seed=13).to(dtype), rand(16, seed=14).to(dtype)
+    compare(F.layer_norm(x.to(DEV), (16,), w.to(DEV), b.to(DEV)), F.layer_norm(x, (16,), w, b), exact=True)
+    compare(F.group_norm(x.to(DEV), 4), F.group_norm(x, 4), exact=True)
+    v1, v2 = rand(5, seed=15).to(dtype), rand(6, seed=16).to(dtype)
+    m = rand(5, 6, seed=17).to(dtype)
+    compare(torch.addr(m.to(DEV), v1.to(DEV), v2.to(DEV)), torch.addr(m, v1, v2), exact=True)

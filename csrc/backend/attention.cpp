@@ -26,14 +26,21 @@ namespace {
 int64_t fused_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                          const std::optional<at::Tensor>& mask, double dropout_p, bool is_causal,
                          std::optional<double> scale, bool enable_gqa) {
-  // The choice reads only metadata: ask CPU's chooser about CPU views.
+  // The choice reads only metadata (incl. requires_grad: a mask that needs a
+  // gradient sends CPU to the math path): ask CPU's chooser about CPU views.
+  auto view = [](const at::Tensor& t) {
+    if (t.device().type() != kNeuron) return t;
+    at::Tensor a = cpu_alias(t);
+    if (t.requires_grad()) a.requires_grad_(true);
+    return a;
+  };
   std::optional<at::Tensor> cpu_mask;
-  if (mask.has_value() && mask->defined()) cpu_mask = mask->device().type() == kNeuron ? cpu_alias(*mask) : *mask;
+  if (mask.has_value() && mask->defined()) cpu_mask = view(*mask);
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("aten::_fused_sdp_choice", "")
                              .typed<decltype(at::_fused_sdp_choice)>();
-  const int64_t cpu_choice = op.redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), cpu_alias(q), cpu_alias(k),
-                                           cpu_alias(v), cpu_mask, dropout_p, is_causal, scale, enable_gqa);
+  const int64_t cpu_choice = op.redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), view(q), view(k), view(v),
+                                           cpu_mask, dropout_p, is_causal, scale, enable_gqa);
   if (cpu_choice == static_cast<int64_t>(at::SDPBackend::flash_attention) &&
       at::globalContext().userEnabledOverrideableSDP())
     return static_cast<int64_t>(at::SDPBackend::overrideable);
@@ -56,10 +63,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_attention_backw
     const at::Tensor& attn_bias, std::array<bool, 4> grad_input_mask, const at::Tensor& out, const at::Tensor& lse,
     const at::Tensor&, const at::Tensor&, c10::SymInt, c10::SymInt, double dropout_p, bool is_causal,
     const at::Tensor&, const at::Tensor&, std::optional<double> scale) {
-  // CPU's flash kernel computes no gradient for the mask (neither does CPU SDPA).
-  TORCH_CHECK_NOT_IMPLEMENTED(!(grad_input_mask[3] && attn_bias.defined()),
-                              "scaled_dot_product_attention on neuron: gradients for attn_mask are not "
-                              "supported (as with CPU's flash-attention kernel)");
+  // CPU's flash kernel computes no gradient for the mask, and CPU SDPA (which
+  // picks that kernel for these inputs) leaves the mask's gradient None: so do we.
   std::optional<at::Tensor> mask;
   if (attn_bias.defined()) mask = attn_bias;
   auto [gq, gk, gv] = at::_scaled_dot_product_flash_attention_for_cpu_backward(grad_out, q, k, v, out, lse,

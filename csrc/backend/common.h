@@ -32,6 +32,10 @@ decltype(auto) translate(F&& fn) {
   }
 }
 
+// Categories of rt::KernelError: the c10 exception type a failed kernel raised.
+enum class KernelErrorKind : int { kOther = 0, kIndex, kValue, kType, kNotImplemented };
+KernelErrorKind kernel_error_kind(const c10::Error& e);
+
 // Current device of this thread (the guard's notion), initialized lazily.
 c10::DeviceIndex current_device();
 void set_current_device(c10::DeviceIndex d);

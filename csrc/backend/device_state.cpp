@@ -11,16 +11,40 @@ thread_local c10::DeviceIndex t_device = 0;
 thread_local std::array<uint64_t, kMaxDevices> t_stream{};  // 0 = default queue
 }  // namespace
 
+KernelErrorKind kernel_error_kind(const c10::Error& e) {
+  if (dynamic_cast<const c10::IndexError*>(&e)) return KernelErrorKind::kIndex;
+  if (dynamic_cast<const c10::ValueError*>(&e)) return KernelErrorKind::kValue;
+  if (dynamic_cast<const c10::TypeError*>(&e)) return KernelErrorKind::kType;
+  if (dynamic_cast<const c10::NotImplementedError*>(&e)) return KernelErrorKind::kNotImplemented;
+  return KernelErrorKind::kOther;
+}
+
 void rethrow_runtime_error(const rt::Error& e) {
   switch (e.code()) {
     case rt::ErrorCode::kOutOfMemory:
       TORCH_CHECK_WITH(OutOfMemoryError, false, e.what());
     case rt::ErrorCode::kInvalidArgument:
       TORCH_CHECK(false, e.what());
-    case rt::ErrorCode::kKernelFailed:
-      TORCH_CHECK(false, e.what(),
-                  "\nneuron kernels run asynchronously, so the failing op may be earlier than this "
-                  "line. Set NEURON_LAUNCH_BLOCKING=1 to raise at the faulting op.");
+    case rt::ErrorCode::kKernelFailed: {
+      // Raise the kernel's own exception type (IndexError for an index out of
+      // range, as on CPU), with where to look.
+      const char* hint =
+          "\nneuron kernels run asynchronously, so the failing op may be earlier than this "
+          "line. Set NEURON_LAUNCH_BLOCKING=1 to raise at the faulting op.";
+      switch (static_cast<KernelErrorKind>(e.category())) {
+        case KernelErrorKind::kIndex:
+          TORCH_CHECK_INDEX(false, e.what(), hint);
+        case KernelErrorKind::kValue:
+          TORCH_CHECK_VALUE(false, e.what(), hint);
+        case KernelErrorKind::kType:
+          TORCH_CHECK_TYPE(false, e.what(), hint);
+        case KernelErrorKind::kNotImplemented:
+          TORCH_CHECK_NOT_IMPLEMENTED(false, e.what(), hint);
+        case KernelErrorKind::kOther:
+          break;
+      }
+      TORCH_CHECK(false, e.what(), hint);
+    }
     case rt::ErrorCode::kBadFork:
     case rt::ErrorCode::kInternal:
       TORCH_CHECK(false, e.what());

@@ -14,11 +14,14 @@ void put(std::string& k, const T& v) {
   k.append(reinterpret_cast<const char*>(&v), sizeof(T));
 }
 
-void put_tensor(std::string& k, const at::Tensor& t) {
+// false: not cacheable. Host tensors beyond 0-dim scalars are index tensors,
+// whose values (boolean masks) decide the output shape.
+bool put_tensor(std::string& k, const at::Tensor& t) {
   if (!t.defined()) {
     k.push_back('U');
-    return;
+    return true;
   }
+  if (t.device().type() != kNeuron && t.dim() > 0) return false;
   k.push_back('T');
   put(k, static_cast<int8_t>(t.device().type()));
   put(k, static_cast<int8_t>(t.scalar_type()));
@@ -30,11 +33,12 @@ void put_tensor(std::string& k, const at::Tensor& t) {
   for (int64_t s : t.strides()) put(k, s);
   put(k, t.storage_offset());
   if (t.device().type() == kNeuron) put(k, static_cast<int64_t>(t.storage().nbytes()));
+  return true;
 }
 
 bool put_value(std::string& k, const c10::IValue& v, bool float_values) {
   if (v.isTensor()) {
-    put_tensor(k, v.toTensor());
+    if (!put_tensor(k, v.toTensor())) return false;
   } else if (v.isNone()) {
     k.push_back('N');
   } else if (v.isInt()) {

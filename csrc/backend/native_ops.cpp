@@ -164,8 +164,19 @@ bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& 
   return self.unsafeGetTensorImpl()->has_compatible_shallow_copy_type(from.key_set()) || (dense(self) && dense(from));
 }
 
+// ATen's addr_ is addr_out(self, self, ...), whose CPU kernel skips
+// broadcasting self only when both references are the same object: a boxed
+// call cannot pass that on, so the in-place form's check is made here.
+at::Tensor& addr_(at::Tensor& self, const at::Tensor& vec1, const at::Tensor& vec2, const c10::Scalar& beta,
+                  const c10::Scalar& alpha) {
+  TORCH_CHECK(vec1.dim() == 1 && vec2.dim() == 1 && self.dim() == 2, "2D tensor expected, got ", self.dim(),
+              "D tensor for input");
+  return at::addr_out(self, self, vec1, vec2, beta, alpha);
+}
+
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_has_compatible_shallow_copy_type", has_compatible_shallow_copy_type);
+  m.impl("addr_", addr_);
   m.impl("empty.memory_format", empty_memory_format);
   m.impl("empty_strided", empty_strided);
   m.impl("as_strided", at::native::as_strided_tensorimpl);

@@ -33,6 +33,16 @@ at::Tensor make_alias(c10::Storage storage, const at::Tensor& t, c10::DispatchKe
 
 at::Tensor AliasSet::cpu(const at::Tensor& t, bool resizable) {
   if (!t.defined()) return t;
+  for (auto& [impl, alias] : cpu_impls_)
+    if (impl == t.unsafeGetTensorImpl() && alias.sizes() == t.sizes() && alias.strides() == t.strides() &&
+        alias.storage_offset() == t.storage_offset())
+      return alias;
+  at::Tensor alias = cpu_storage_alias(t, resizable);
+  cpu_impls_.emplace_back(t.unsafeGetTensorImpl(), alias);
+  return alias;
+}
+
+at::Tensor AliasSet::cpu_storage_alias(const at::Tensor& t, bool resizable) {
   c10::StorageImpl* st = t.storage().unsafeGetStorageImpl();
   for (auto& [key, storage] : cpu_)
     if (key == st) return make_alias(storage, t, c10::DispatchKey::CPU);

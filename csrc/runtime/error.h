@@ -16,12 +16,23 @@ enum class ErrorCode {
 
 class Error : public std::runtime_error {
  public:
-  Error(ErrorCode code, const std::string& what)
-      : std::runtime_error(what), code_(code) {}
+  Error(ErrorCode code, const std::string& what, int category = 0)
+      : std::runtime_error(what), code_(code), category_(category) {}
   ErrorCode code() const noexcept { return code_; }
+  // kKernelFailed: the failing kernel's KernelError category (0 if none).
+  int category() const noexcept { return category_; }
 
  private:
   ErrorCode code_;
+  int category_;
+};
+
+// Thrown by a kernel to say what kind of error it hit; the category (chosen
+// by the layer above, e.g. index / value / type errors) travels with the
+// queue's recorded failure to the synchronization that reports it.
+struct KernelError : std::runtime_error {
+  KernelError(const std::string& what, int category) : std::runtime_error(what), category(category) {}
+  int category;
 };
 
 // A task failure recorded on a queue; kept until a synchronization reports it.
@@ -29,6 +40,7 @@ struct TaskError {
   std::string op;       // op name of the failing task ("aten::index_select")
   std::string message;  // what the kernel said
   std::string origin;   // where the host enqueued it, if known ("train.py:42")
+  int category = 0;     // KernelError category of the failure
   std::string describe() const;
 };
 

@@ -39,7 +39,7 @@ void Event::synchronize() {
   }
   if (err) {
     if (q) q->clear_error_if(err.get());
-    throw Error(ErrorCode::kKernelFailed, err->describe());
+    throw Error(ErrorCode::kKernelFailed, err->describe(), err->category);
   }
 }
 

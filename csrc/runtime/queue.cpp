@@ -109,7 +109,7 @@ void Queue::synchronize() {
     err = std::move(error_);
     error_.reset();
   }
-  if (err) throw Error(ErrorCode::kKernelFailed, err->describe());
+  if (err) throw Error(ErrorCode::kKernelFailed, err->describe(), err->category);
 }
 
 void Queue::wait_idle() {
@@ -262,6 +262,14 @@ void Engine::loop() {
         } else {
           try {
             task.kernel->run();
+          } catch (const KernelError& ex) {
+            failed = true;
+            auto te = std::make_shared<TaskError>();
+            te->op = task.kernel->name();
+            te->message = ex.what();
+            te->origin = task.kernel->origin;
+            te->category = ex.category;
+            new_error = std::move(te);
           } catch (const std::exception& ex) {
             failed = true;
             auto te = std::make_shared<TaskError>();

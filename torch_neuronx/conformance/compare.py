@@ -21,6 +21,8 @@ def to_device(t, device=DEVICE):
         return t
     rg = t.requires_grad
     t = t.detach()
+    if t.device.type == "meta":
+        return t  # error inputs use meta tensors as such
     if t.layout != torch.strided:
         return t.to(device).requires_grad_(rg)
     if t.is_conj():
@@ -85,6 +87,13 @@ def targets_device(sample):
 
     visit([sample.input, sample.args, sample.kwargs])
     return any(found)
+
+
+def names_host(sample):
+    """Whether ``sample`` asks for host results explicitly (``device="cpu"``, e.g. ``new_zeros``)."""
+    vals = list(sample.kwargs.values()) + list(sample.args)
+    return any((isinstance(v, torch.device) and v.type == "cpu") or v == "cpu" for v in vals
+               if isinstance(v, (torch.device, str)))
 
 
 def sample_to_cpu(sample):

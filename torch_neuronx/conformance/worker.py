@@ -55,8 +55,16 @@ def run_case(thunk):
         return "error", f"{type(e).__name__}: {msg[:300]}{where}", None, None
 
 
+def _fault():
+    # Test hook: "crash:<case id>" or "hang:<case id>" makes this worker die or stall at that case,
+    # to prove the parent reports it and carries on.
+    kind, _, cid = os.environ.get("_TORCH_NEURONX_CONFORMANCE_FAULT", "").partition(":")
+    return kind, cid
+
+
 def main():
     out = os.fdopen(int(sys.argv[1]), "w", buffering=1)
+    fault, fault_id = _fault()
     reg = Registry()
     out.write(json.dumps({"t": "ready"}) + "\n")
     for line in sys.stdin:
@@ -69,6 +77,11 @@ def main():
                 if n <= skip:
                     continue
                 out.write(json.dumps({"t": "start", "id": cid}) + "\n")
+                if cid == fault_id:
+                    if fault == "crash":
+                        os.abort()
+                    if fault == "hang":
+                        time.sleep(3600)
                 t0 = time.perf_counter()
                 outcome, detail, err, bitwise = run_case(thunk)
                 out.write(json.dumps({"t": "res", "id": cid, "cat": cat, "outcome": outcome, "detail": detail,

@@ -1,0 +1,106 @@
+"""The conformance tool itself: it runs, reports, survives crashing and hanging cases, and fails
+on baseline regressions."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run(tmp_path, *args, env=None):
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "torch_neuronx.conformance", "--out", str(out), *args]
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env={**os.environ, **(env or {})},
+                       timeout=300)
+    results = None
+    if (out / "results.json").exists():
+        results = json.loads((out / "results.json").read_text())
+    return p, results, out
+
+
+def by_id(results):
+    return {r["id"]: r for r in results["results"]}
+
+
+def test_sweep_reports_every_category(tmp_path):
+    p, res, out = run(tmp_path, "--ops", "add,mm", "--dtypes", "float32,int64", "--modules", "Linear",
+                      "--optims", "SGD", "--max-samples", "3", "--jobs", "2")
+    assert p.returncode == 0, p.stdout + p.stderr
+    cats = {r["cat"] for r in res["results"]}
+    assert {"forward", "out", "inplace", "noncontiguous", "backward", "module_forward", "module_backward",
+            "optim"} <= cats
+    assert all(r["outcome"] in ("pass", "skip") for r in res["results"]), \
+        [r for r in res["results"] if r["outcome"] not in ("pass", "skip")]
+    ids = by_id(res)
+    assert ids["add|float32|forward|0"]["bitwise"] is True
+    assert ids["mm|int64|backward|0"]["outcome"] == "skip" if "mm|int64|backward|0" in ids else True
+    md = (out / "report.md").read_text()
+    assert "| `add` |" in md and "## Summary" in md and "Linear" in md and "SGD" in md
+    assert "op total" in p.stdout
+
+
+def test_crashing_case_is_an_error_and_the_sweep_goes_on(tmp_path):
+    victim = "add|float32|forward|1"
+    p, res, _ = run(tmp_path, "--ops", "add", "--dtypes", "float32", "--kinds", "ops", "--max-samples", "3",
+                    "--jobs", "1", env={"_TORCH_NEURONX_CONFORMANCE_FAULT": "crash:" + victim})
+    ids = by_id(res)
+    assert ids[victim]["outcome"] == "error"
+    assert "worker process died (signal SIGABRT)" in ids[victim]["detail"]
+    # The cases after the crash still ran.
+    assert ids["add|float32|forward|2"]["outcome"] == "pass"
+    assert ids["add|float32|backward|0"]["outcome"] == "pass"
+    assert p.returncode == 1 and "worker crash" in p.stdout
+
+
+def test_hanging_case_times_out(tmp_path):
+    victim = "mul|float32|out|0"
+    p, res, _ = run(tmp_path, "--ops", "mul", "--dtypes", "float32", "--kinds", "ops", "--max-samples", "2",
+                    "--jobs", "1", "--timeout", "5", env={"_TORCH_NEURONX_CONFORMANCE_FAULT": "hang:" + victim})
+    ids = by_id(res)
+    assert ids[victim]["outcome"] == "error" and "timed out after 5 s" in ids[victim]["detail"]
+    assert ids["mul|float32|out|1"]["outcome"] == "pass"
+    assert p.returncode == 1
+
+
+def test_baseline_regression_fails(tmp_path):
+    base = tmp_path / "baseline.txt"
+    p, res, _ = run(tmp_path, "--ops", "sub", "--dtypes", "float32", "--kinds", "ops", "--max-samples", "2",
+                    "--jobs", "1", "--write-baseline", str(base))
+    assert p.returncode == 0, p.stdout + p.stderr
+    ids = base.read_text().split()
+    assert "sub|float32|forward|0" in ids
+    p, _, _ = run(tmp_path, "--ops", "sub", "--dtypes", "float32", "--kinds", "ops", "--max-samples", "2",
+                  "--jobs", "1", "--baseline", str(base))
+    assert p.returncode == 0 and f"all {len(ids)} cases" in p.stdout
+    base.write_text(base.read_text() + "sub|float32|forward|99\n")
+    p, _, _ = run(tmp_path, "--ops", "sub", "--dtypes", "float32", "--kinds", "ops", "--max-samples", "2",
+                  "--jobs", "1", "--baseline", str(base))
+    assert p.returncode == 1 and "sub|float32|forward|99: not run" in p.stdout
+
+
+def test_error_inputs_compare_exception_types_with_cpu(tmp_path):
+    p, res, _ = run(tmp_path, "--ops", "gather,index_select,narrow_copy", "--dtypes", "any", "--kinds", "ops",
+                    "--jobs", "1")
+    errs = [r for r in res["results"] if r["cat"] == "error_inputs"]
+    assert len(errs) >= 5
+    assert all(r["outcome"] == "pass" for r in errs), [r for r in errs if r["outcome"] != "pass"]
+
+
+def test_single_case_mode():
+    p = subprocess.run([sys.executable, "-m", "torch_neuronx.conformance", "--case", "mm|float32|forward|0"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert p.returncode == 0 and "result: (True" in p.stdout
+
+
+def test_unknown_selection_is_an_error(tmp_path):
+    p, _, _ = run(tmp_path, "--ops", "no_such_op", "--kinds", "ops")
+    assert p.returncode == 2 and "no op, module or optimizer matches" in p.stderr
+
+
+@pytest.mark.parametrize("bad", [["--jobs", "x"], ["--kinds", "ops", "--timeout", "nope"]])
+def test_bad_arguments(tmp_path, bad):
+    p, _, _ = run(tmp_path, *bad)
+    assert p.returncode == 2 and "invalid" in p.stderr
