@@ -14,7 +14,7 @@ export CCACHE_BASEDIR ?= $(CURDIR)
 export CCACHE_NOHASHDIR ?= 1
 PYTEST_ARGS ?= -q
 
-.PHONY: all build demo test test-runtime test-python bench bench-quick clean
+.PHONY: all build demo test test-runtime test-python test-conformance conformance bench bench-quick clean
 
 all: build
 
@@ -33,7 +33,7 @@ $(SYS_STAMP): | $(PYTHON)
 $(DEPS_STAMP): pyproject.toml | $(PYTHON)
 	$(PYTHON) -m pip install -q --upgrade pip setuptools wheel
 	$(PYTHON) -m pip install -q torch==2.13.0
-	$(PYTHON) -m pip install -q cmake ninja pytest numpy safetensors "torch==2.13.0"
+	$(PYTHON) -m pip install -q cmake ninja pytest numpy safetensors expecttest "torch==2.13.0"
 	touch $@
 
 build: $(DEPS_STAMP) $(SYS_STAMP)
@@ -52,7 +52,17 @@ test-python: build
 	@$(PYTHON) -m pytest tests $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
 
-test: test-runtime test-python
+# The CI subset of the conformance sweep (~2 min on 2 cores): fails on any case
+# of the committed baseline (torch_neuronx/conformance/quick_baseline.txt) that no
+# longer passes, and on any worker crash.
+test-conformance: build
+	$(PYTHON) -m torch_neuronx.conformance --quick --jobs 2 --out build/conformance-quick
+
+test: test-runtime test-python test-conformance
+
+# The full sweep (~12 min on 2 cores): regenerates docs/op_support.md.
+conformance: build
+	$(PYTHON) -m torch_neuronx.conformance --jobs 2 --out build/conformance --docs docs/op_support.md
 
 # Full benchmark (~3 min on 2 cores): regenerates docs/performance.md.
 bench: build

@@ -1,6 +1,6 @@
 """Errors: device mismatches (CUDA's wording), 0-dim CPU scalars, asynchronous kernel failures
 surfacing at the next synchronization (and at the op with NEURON_LAUNCH_BLOCKING=1), unsupported
-tensor kinds (sparse, quantized, nested), invalid device indices.
+tensor kinds (sparse compressed, quantized, nested), invalid device indices.
 """
 import contextlib
 import json
@@ -293,23 +293,12 @@ def test_launch_blocking_raises_at_op():
 # --------------------------------------------------------------------------- unsupported tensor kinds
 
 
-def _sparse_coo_cpu():
-    return torch.sparse_coo_tensor(torch.tensor([[0, 1], [1, 0]]), torch.tensor([1.0, 2.0]), (2, 2))
-
-
 def _nested_cpu():
     return torch.nested.nested_tensor([torch.randn(2), torch.randn(3)])
 
 
 _UNSUPPORTED = {
-    "sparse_coo_to_neuron": ("sparse", lambda: _sparse_coo_cpu().to("neuron")),
-    "sparse_coo_factory": ("sparse", lambda: torch.sparse_coo_tensor(
-        torch.tensor([[0, 1], [1, 0]]), torch.tensor([1.0, 2.0]), (2, 2), device="neuron")),
-    "sparse_empty_layout": ("sparse", lambda: torch.empty(2, 2, device="neuron", layout=torch.sparse_coo)),
-    "to_sparse_on_neuron": ("sparse", lambda: torch.randn(3, 3, device="neuron").to_sparse()),
     "to_sparse_csr_on_neuron": ("sparse", lambda: torch.randn(3, 3, device="neuron").to_sparse_csr()),
-    "sparse_mm_with_neuron": ("sparse", lambda: torch.sparse.mm(_sparse_coo_cpu().to("neuron"),
-                                                                 torch.ones(2, 2, device="neuron"))),
     "quantized_to_neuron": ("quantized", lambda: torch.quantize_per_tensor(
         torch.randn(4), 0.1, 0, torch.qint8).to("neuron")),
     "quantized_empty": ("quantized", lambda: torch.empty(3, dtype=torch.qint8, device="neuron")),

@@ -38,22 +38,6 @@ def _register():
 _register()
 
 
-def _register_op_defaults():
-    # linear_cross_entropy picks its accumulation policy per (device type, dtype). The device
-    # runs CPU kernels (fp32 accumulation for bf16/fp16), so it takes CPU's "accurate" policy
-    # instead of the generic fallback, and matches CPU results.
-    try:
-        from torch.nn.modules import linear_cross_entropy_options as lce
-    except ImportError:
-        return
-    for dt in (torch.bfloat16, torch.float16):
-        if ("cpu", dt) in lce._AUTO_DEFAULTS:
-            lce._AUTO_DEFAULTS.setdefault(("neuron", dt), lce._AUTO_DEFAULTS[("cpu", dt)])
-
-
-_register_op_defaults()
-
-
 def metrics():
     """Per-op dispatch counts on neuron, by execution path, and host synchronization points.
 

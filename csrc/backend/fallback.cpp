@@ -21,6 +21,7 @@
 #include "backend/metrics.h"
 #include "backend/op_kernel.h"
 #include "backend/python_hooks.h"
+#include "backend/sparse.h"
 #include "backend/tensor_views.h"
 
 namespace neuronx {
@@ -261,7 +262,8 @@ c10::IValue meta_operand(const c10::IValue& v, AliasSet& aliases) {
 
 void check_supported_result(const OpAnalysis& a, const at::Tensor& t) {
   if (!t.defined()) return;
-  TORCH_CHECK_NOT_IMPLEMENTED(t.layout() == c10::kStrided, a.name, " would produce a ", t.layout(),
+  TORCH_CHECK_NOT_IMPLEMENTED(t.layout() == c10::kStrided || t.layout() == c10::kSparse, a.name,
+                              " would produce a ", t.layout(),
                               " tensor: sparse tensors are not supported on neuron yet; run this op on CPU");
   TORCH_CHECK_NOT_IMPLEMENTED(!t.is_quantized() && !c10::isQIntType(t.scalar_type()), a.name,
                               " would produce a quantized tensor: quantized tensors are not supported on neuron "
@@ -274,6 +276,7 @@ void check_supported_result(const OpAnalysis& a, const at::Tensor& t) {
 at::Tensor adopt_host_result(const OpAnalysis& a, const at::Tensor& r, c10::DeviceIndex d) {
   check_supported_result(a, r);
   if (!r.defined()) return r;
+  if (r.is_sparse()) return sparse_to_device(r, d);  // e.g. to_sparse() of a neuron tensor
   at::Tensor m = r.is_non_overlapping_and_dense() ? r : r.contiguous();
   at::Tensor out = empty_with_geometry(Geometry::of(m), d);
   cpu_alias(out).copy_(r);
@@ -389,6 +392,10 @@ std::shared_ptr<MetaResult> run_meta(OpAnalysis& a, c10::ArrayRef<c10::IValue> a
     const c10::IValue& v = meta[i];
     if (v.isTensor()) {
       check_supported_result(a, v.toTensor());
+      if (v.toTensor().is_sparse()) {  // built on the host, then moved (sparse.cpp)
+        a.sync_only.store(true);
+        return nullptr;
+      }
       r->returns[i] = std::vector<Geometry>{Geometry::of(v.toTensor())};
     } else if (v.isTensorList()) {
       std::vector<Geometry> gs;

@@ -22,6 +22,7 @@ namespace neuronx {
 
 void register_hooks();
 void register_direct_fallbacks();
+void register_sparse_kernels();
 
 namespace {
 
@@ -109,6 +110,7 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "torch-neuronx backend (simulated NeuronCore runtime)";
   register_hooks();
   register_direct_fallbacks();
+  register_sparse_kernels();
   set_clear_python_error([] { PyErr_Clear(); });
   // Waiting on the device with the GIL held could deadlock: a kernel that
   // finishes may release the last reference to a storage with a Python object.

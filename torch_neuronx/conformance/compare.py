@@ -49,10 +49,14 @@ def _is_device_arg(v):
 def map_sample(sample, tensor_fn, device):
     """``sample`` with every tensor mapped by ``tensor_fn`` and every ``neuron`` device argument
     replaced by ``device`` (factory ops take their device as an argument)."""
+    memo = {}  # a tensor passed twice stays one tensor (gradients accumulate into it)
+
     def m(v):
         if isinstance(v, torch.Tensor):
-            with torch.no_grad():
-                return tensor_fn(v)
+            if id(v) not in memo:
+                with torch.no_grad():
+                    memo[id(v)] = (v, tensor_fn(v))
+            return memo[id(v)][1]
         if _is_device_arg(v):
             return torch.device(device) if isinstance(v, torch.device) else device
         if isinstance(v, list):
@@ -105,6 +109,17 @@ def _leaf(t, rg):
     if rg:
         t = t.detach().requires_grad_(True)
     return t
+
+
+def memoized(fn):
+    """``fn`` over tensors, mapping the same tensor object to the same result."""
+    memo = {}
+
+    def g(t):
+        if id(t) not in memo:
+            memo[id(t)] = (t, fn(t))
+        return memo[id(t)][1]
+    return g
 
 
 def tree_map(fn, obj):

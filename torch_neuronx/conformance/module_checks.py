@@ -4,7 +4,7 @@ import warnings
 
 import torch
 
-from .compare import DEVICE, assert_same, tensors_of, to_device, tree_map
+from .compare import DEVICE, assert_same, memoized, tensors_of, to_device, tree_map
 from .op_checks import SEED, _differentiable_outputs, _skip
 
 
@@ -27,7 +27,8 @@ def _forward(info, mi, dtype, training, device):
     m = _build(info, mi, dtype, training, device)
     fa, fk = mi.forward_input.args, mi.forward_input.kwargs
     if device == DEVICE:
-        fa, fk = tree_map(to_device, fa), tree_map(to_device, fk)
+        move = memoized(to_device)
+        fa, fk = tree_map(move, fa), tree_map(move, fk)
     torch.manual_seed(SEED + 2)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -1,0 +1,175 @@
+// Sparse COO tensors on neuron: ATen's SparseTensorImpl (dispatch key
+// SparsePrivateUse1) whose indices and values are neuron tensors. The
+// constructors and accessors are ATen's own, shared by every backend. Every
+// other op that sees a sparse neuron operand runs synchronously on host copies
+// of its operands and its results come back to the device: correct, not fast.
+// Sparse here serves sparse embedding gradients, SparseAdam and conversions;
+// dense ops are the device's work.
+#include "backend/sparse.h"
+
+#include <ATen/SparseTensorImpl.h>
+#include <ATen/ops/_coalesced_native.h>
+#include <ATen/ops/_indices_native.h>
+#include <ATen/ops/_nnz_native.h>
+#include <ATen/ops/_sparse_coo_tensor_with_dims_and_tensors.h>
+#include <ATen/ops/_sparse_coo_tensor_with_dims_and_tensors_native.h>
+#include <ATen/ops/_sparse_coo_tensor_with_dims_native.h>
+#include <ATen/ops/_values_native.h>
+#include <ATen/ops/dense_dim_native.h>
+#include <ATen/ops/indices_native.h>
+#include <ATen/ops/is_coalesced_native.h>
+#include <ATen/ops/sparse_dim_native.h>
+#include <ATen/ops/values_native.h>
+#include <torch/library.h>
+
+namespace neuronx {
+
+namespace {
+
+at::SparseTensorImpl* sparse_impl(const at::Tensor& t) {
+  return static_cast<at::SparseTensorImpl*>(t.unsafeGetTensorImpl());
+}
+
+at::Tensor sparse_with(const at::Tensor& like, const at::Tensor& indices, const at::Tensor& values,
+                       c10::Device device) {
+  return at::_sparse_coo_tensor_with_dims_and_tensors(like.sparse_dim(), like.dense_dim(), like.sizes(), indices,
+                                                       values, like.options().device(device), like.is_coalesced());
+}
+
+at::Tensor to_host(const at::Tensor& t) {
+  if (!t.defined() || t.device().type() != kNeuron) return t;
+  if (t.is_sparse()) {
+    auto* impl = sparse_impl(t);
+    return sparse_with(t, impl->indices().cpu(), impl->values().cpu(), c10::Device(c10::kCPU));
+  }
+  return t.cpu();
+}
+
+at::Tensor to_device(const at::Tensor& t, c10::DeviceIndex d) {
+  if (!t.defined() || t.device().type() == kNeuron) return t;
+  if (t.is_sparse()) return sparse_to_device(t, d);
+  return t.to(c10::Device(kNeuron, d));
+}
+
+template <typename F>
+c10::IValue map_ivalue(const c10::IValue& v, F&& f) {
+  if (v.isTensor()) return f(v.toTensor());
+  if (v.isTensorList()) {
+    c10::List<at::Tensor> out;
+    for (const at::Tensor& t : v.toTensorList()) out.push_back(f(t));
+    return out;
+  }
+  if (v.isList()) {
+    auto list = v.toList();
+    c10::impl::GenericList out(list.elementType());
+    for (const c10::IValue& e : list) out.push_back(e.isTensor() ? c10::IValue(f(e.toTensor())) : e);
+    return out;
+  }
+  if (v.isDevice() && v.toDevice().type() == kNeuron) return c10::IValue(c10::Device(c10::kCPU));
+  return v;
+}
+
+// Written neuron argument `dev` takes the host result `host`.
+void write_back(const at::Tensor& dev, const at::Tensor& host) {
+  if (!dev.defined() || dev.device().type() != kNeuron) return;
+  const c10::DeviceIndex d = dev.device().index();
+  if (dev.is_sparse()) {
+    TORCH_CHECK(host.is_sparse(), "neuron sparse fallback: a sparse argument was given a dense result");
+    auto* impl = sparse_impl(dev);
+    impl->resize_(host.sparse_dim(), host.dense_dim(), host.sizes());
+    impl->set_indices_and_values_unsafe(sparse_impl(host)->indices().to(dev.device()),
+                                        sparse_impl(host)->values().to(dev.device()));
+    impl->set_coalesced(host.is_coalesced());
+    return;
+  }
+  if (dev.sizes() != host.sizes()) dev.resize_(host.sizes());
+  dev.copy_(host);
+  (void)d;
+}
+
+void sparse_fallback(const c10::OperatorHandle& op, c10::Stack* stack) {
+  const auto& schema = op.schema();
+  const size_t n = schema.arguments().size();
+  auto args = torch::jit::last(*stack, n);
+  std::vector<c10::IValue> originals(args.begin(), args.end());
+  std::optional<c10::DeviceIndex> dev;
+  c10::Stack host;
+  host.reserve(n);
+  for (const auto& v : originals) {
+    host.push_back(map_ivalue(v, [&](const at::Tensor& t) {
+      if (t.defined() && t.device().type() == kNeuron) dev = t.device().index();
+      return to_host(t);
+    }));
+  }
+  std::vector<c10::IValue> host_args(host.begin(), host.end());
+  const c10::DeviceIndex d = dev.value_or(current_device());
+  op.callBoxed(&host);
+  for (size_t i = 0; i < n; ++i) {
+    const auto* ai = schema.arguments()[i].alias_info();
+    if (ai && ai->isWrite() && originals[i].isTensor()) write_back(originals[i].toTensor(), host_args[i].toTensor());
+  }
+  torch::jit::drop(*stack, n);
+  for (size_t r = 0; r < host.size(); ++r) {
+    // A return that aliases a written argument is that (device) argument.
+    const auto* ri = r < schema.returns().size() ? schema.returns()[r].alias_info() : nullptr;
+    int arg = -1;
+    if (ri) {
+      for (size_t i = 0; i < n && arg < 0; ++i) {
+        const auto* ai = schema.arguments()[i].alias_info();
+        if (!ai) continue;
+        for (const auto& set : ri->beforeSets())
+          if (ai->beforeSets().count(set)) arg = static_cast<int>(i);
+      }
+    }
+    if (arg >= 0 && ri->isWrite()) {
+      stack->push_back(originals[arg]);
+    } else {
+      stack->push_back(map_ivalue(host[r], [&](const at::Tensor& t) { return to_device(t, d); }));
+    }
+  }
+}
+
+}  // namespace
+
+at::Tensor sparse_to_device(const at::Tensor& host, c10::DeviceIndex d) {
+  auto* impl = sparse_impl(host);
+  const c10::Device device(kNeuron, d);
+  return sparse_with(host, impl->indices().to(device), impl->values().to(device), device);
+}
+
+TORCH_LIBRARY_IMPL(aten, SparsePrivateUse1, m) {
+  m.impl("_sparse_coo_tensor_with_dims_and_tensors", at::native::new_with_dims_and_tensor_sparse_symint);
+  m.impl("_sparse_coo_tensor_with_dims", at::native::new_with_dims_sparse);
+  m.impl("_indices", at::native::_indices_sparse);
+  m.impl("_values", at::native::_values_sparse);
+  m.impl("indices", at::native::indices_sparse);
+  m.impl("values", at::native::values_sparse);
+  m.impl("_nnz", at::native::_nnz_sparse);
+  m.impl("sparse_dim", at::native::sparse_dim_sparse);
+  m.impl("dense_dim", at::native::dense_dim_sparse);
+  m.impl("is_coalesced", at::native::is_coalesced_sparse);
+  m.impl("_coalesced_", at::native::_coalesced_sparse_);
+}
+
+void register_sparse_kernels() {
+  // CompositeExplicitAutograd kernels also serve SparsePrivateUse1 by default,
+  // and they are written for dense tensors (sum() of a sparse tensor would
+  // return garbage): where CPU has a sparse kernel, take it, through the host.
+  static auto* lib = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::SparsePrivateUse1,
+                                        __FILE__, __LINE__);
+  auto& dispatcher = c10::Dispatcher::singleton();
+  for (const auto& name : dispatcher.getAllOpNames()) {
+    if (name.name.rfind("aten::", 0) != 0) continue;
+    auto h = dispatcher.findSchema(name);
+    if (!h || h->hasKernelForDispatchKey(c10::DispatchKey::SparsePrivateUse1)) continue;
+    if (!h->hasKernelForDispatchKey(c10::DispatchKey::SparseCPU)) continue;
+    const std::string full = name.name.substr(6) + (name.overload_name.empty() ? "" : "." + name.overload_name);
+    lib->impl(full.c_str(), torch::CppFunction::makeFromBoxedFunction<&sparse_fallback>());
+  }
+}
+
+TORCH_LIBRARY_IMPL(_, SparsePrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&sparse_fallback>());
+}
+
+}  // namespace neuronx
