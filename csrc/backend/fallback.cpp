@@ -70,6 +70,18 @@ std::optional<c10::OperatorHandle> find_out_variant(const c10::FunctionSchema& s
 
 }  // namespace
 
+int aliased_argument(const c10::FunctionSchema& s, size_t r) {
+  const auto* ri = r < s.returns().size() ? s.returns()[r].alias_info() : nullptr;
+  if (!ri) return -1;
+  for (size_t i = 0; i < s.arguments().size(); ++i) {
+    const auto* ai = s.arguments()[i].alias_info();
+    if (!ai) continue;
+    for (const auto& set : ri->beforeSets())
+      if (ai->beforeSets().count(set)) return static_cast<int>(i);
+  }
+  return -1;
+}
+
 OpAnalysis::OpAnalysis(const c10::OperatorHandle& h) : op(h) {
   const auto& s = h.schema();
   name = s.name() + (s.overload_name().empty() ? "" : "." + s.overload_name());
@@ -91,15 +103,7 @@ OpAnalysis::OpAnalysis(const c10::OperatorHandle& h) : op(h) {
   }
   for (size_t r = 0; r < num_returns; ++r) {
     const auto* ri = s.returns()[r].alias_info();
-    int arg = -1;
-    if (ri) {
-      for (size_t i = 0; i < num_args && arg < 0; ++i) {
-        const auto* ai = s.arguments()[i].alias_info();
-        if (!ai) continue;
-        for (const auto& set : ri->beforeSets())
-          if (ai->beforeSets().count(set)) arg = static_cast<int>(i);
-      }
-    }
+    const int arg = aliased_argument(s, r);
     ret_arg.push_back(arg);
     ret_view.push_back(arg >= 0 && !ri->isWrite());
     if (arg < 0 && is_tensor_type(s.returns()[r].type())) any_new = true;

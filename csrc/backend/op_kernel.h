@@ -16,6 +16,9 @@
 
 namespace neuronx {
 
+// The argument that return r of schema s aliases (its alias set), or -1.
+int aliased_argument(const c10::FunctionSchema& s, size_t r);
+
 // What the fallback learned about an operator's schema, computed once.
 struct OpAnalysis {
   c10::OperatorHandle op;

@@ -7,6 +7,8 @@
 // dense ops are the device's work.
 #include "backend/sparse.h"
 
+#include "backend/op_kernel.h"
+
 #include <ATen/SparseTensorImpl.h>
 #include <ATen/ops/_coalesced_native.h>
 #include <ATen/ops/_indices_native.h>
@@ -111,17 +113,8 @@ void sparse_fallback(const c10::OperatorHandle& op, c10::Stack* stack) {
   torch::jit::drop(*stack, n);
   for (size_t r = 0; r < host.size(); ++r) {
     // A return that aliases a written argument is that (device) argument.
-    const auto* ri = r < schema.returns().size() ? schema.returns()[r].alias_info() : nullptr;
-    int arg = -1;
-    if (ri) {
-      for (size_t i = 0; i < n && arg < 0; ++i) {
-        const auto* ai = schema.arguments()[i].alias_info();
-        if (!ai) continue;
-        for (const auto& set : ri->beforeSets())
-          if (ai->beforeSets().count(set)) arg = static_cast<int>(i);
-      }
-    }
-    if (arg >= 0 && ri->isWrite()) {
+    const int arg = aliased_argument(schema, r);
+    if (arg >= 0 && schema.returns()[r].alias_info()->isWrite()) {
       stack->push_back(originals[arg]);
     } else {
       stack->push_back(map_ivalue(host[r], [&](const at::Tensor& t) { return to_device(t, d); }));
