@@ -91,7 +91,7 @@ def markdown(records, meta):
            "Every sample input of every OpInfo in `torch.testing._internal.common_methods_invocations.op_db`, "
            "at every dtype CPU supports, runs on `neuron` and on CPU from identical inputs: forward, `out=`, "
            "in-place, non-contiguous inputs and backward (gradients). Error inputs (`error_inputs`) must raise "
-           "the exception type the OpInfo declares. Every nn module in `module_db` (forward and backward, "
+           "the exception type the OpInfo declares, or the type a CPU copy of the input raises. Every nn module in `module_db` (forward and backward, "
            "train and eval) and every optimizer in `optim_db` (each configuration, for-loop, foreach and fused, "
            f"5 steps) is compared the same way. A case passes when dtype, shape, strides and values match "
            "(values within `torch.testing.assert_close` tolerances; most match bit for bit). "
