@@ -24,6 +24,9 @@ class CMakeExtension(Extension):
 
 class CMakeBuild(build_ext):
     def build_extension(self, ext):
+        # Only torch's location is needed: do not autoload device backends (a stale or
+        # half-installed torch_neuronx would otherwise break its own rebuild).
+        os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
         import torch
 
         build_dir = Path(os.environ.get("NEURONX_BUILD_DIR", ROOT / "build"))
