@@ -104,6 +104,13 @@ def sample_to_cpu(sample):
     return map_sample(sample, to_cpu, "cpu")
 
 
+def untracked(t):
+    """A view taken under no_grad of a tensor that requires grad: it reports requires_grad, but
+    autograd does not track ops on it (samples built on the device can contain these; a copy to
+    the host is a plain leaf, so such inputs are left out of gradient comparisons)."""
+    return t.requires_grad and t.grad_fn is None and t._base is not None and t._base.requires_grad
+
+
 def _leaf(t, rg):
     # A view of a copied storage is a leaf only once detached from its base.
     if rg:

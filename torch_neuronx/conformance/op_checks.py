@@ -6,7 +6,7 @@ import warnings
 import torch
 
 from .compare import (DEVICE, Mismatch, assert_same, names_host, sample_to_cpu, targets_device, tensors_of,
-                      tree_map)
+                      tree_map, untracked)
 
 SEED = 1234
 
@@ -156,14 +156,14 @@ def _differentiable_outputs(out):
     return [t for t in tensors_of(out) if t.requires_grad and (t.is_floating_point() or t.is_complex())]
 
 
-def _grads(op, sample, device):
+def _grads(op, sample, device, wanted):
     torch.manual_seed(SEED)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         out = op(sample.input, *sample.args, **sample.kwargs)
         out = sample.output_process_fn_grad(out)
     outs = _differentiable_outputs(out)
-    inputs = [t for t in tensors_of([sample.input, sample.args, sample.kwargs]) if t.requires_grad]
+    inputs = [t for t, w in zip(tensors_of([sample.input, sample.args, sample.kwargs]), wanted) if w]
     if not outs or not inputs:
         return None
     g = torch.Generator().manual_seed(SEED + 1)
@@ -182,13 +182,15 @@ def check_backward(op, sample, dtype):
     if dtype not in op.supported_backward_dtypes("cpu"):
         _skip(f"no backward for {dtype} on CPU")
     cpu_s = sample_to_cpu(sample)
+    # Inputs whose gradients are compared, decided on the device sample for both.
+    wanted = [t.requires_grad and not untracked(t) for t in tensors_of([sample.input, sample.args, sample.kwargs])]
     try:
-        cpu = _grads(op, cpu_s, "cpu")
+        cpu = _grads(op, cpu_s, "cpu", wanted)
     except Exception as e:
         _skip(f"CPU backward raises {type(e).__name__}: {_msg(e)}")
     if cpu is None:
         _skip("no differentiable output or input")
-    dev = _grads(op, sample, DEVICE)
+    dev = _grads(op, sample, DEVICE, wanted)
     return assert_same(dev, cpu, "grad", check_strides=False), None
 
 
