@@ -1,6 +1,6 @@
 """Errors: device mismatches (CUDA's wording), 0-dim CPU scalars, asynchronous kernel failures
 surfacing at the next synchronization (and at the op with NEURON_LAUNCH_BLOCKING=1), unsupported
-tensor kinds (sparse compressed, quantized, nested), invalid device indices.
+tensor kinds (quantized, nested), invalid device indices.
 """
 import contextlib
 import json
@@ -298,7 +298,6 @@ def _nested_cpu():
 
 
 _UNSUPPORTED = {
-    "to_sparse_csr_on_neuron": ("sparse", lambda: torch.randn(3, 3, device="neuron").to_sparse_csr()),
     "quantized_to_neuron": ("quantized", lambda: torch.quantize_per_tensor(
         torch.randn(4), 0.1, 0, torch.qint8).to("neuron")),
     "quantized_empty": ("quantized", lambda: torch.empty(3, dtype=torch.qint8, device="neuron")),
@@ -324,13 +323,11 @@ def test_unsupported_tensor_kind_raises_not_implemented(name):
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
 @pytest.mark.parametrize("feature,make,use", [
-    ("sparse", lambda: torch.eye(3).to_sparse_csr().to("neuron"), lambda t: t.sum()),
-    ("sparse", lambda: torch.eye(3).to_sparse_csr().to("neuron"), lambda t: t.to_dense()),
     ("nested", lambda: torch.nested.nested_tensor([torch.randn(2), torch.randn(3)], device="neuron"),
      lambda t: t + 1),
     ("nested", lambda: torch.nested.nested_tensor([torch.randn(2), torch.randn(3)], device="neuron"),
      lambda t: t.cpu()),
-], ids=["csr_sum", "csr_to_dense", "nested_add", "nested_cpu"])
+], ids=["nested_add", "nested_cpu"])
 def test_unsupported_kind_built_by_composite_paths_fails_at_first_use(feature, make, use):
     # Composite constructors assemble these from strided neuron buffers without a
     # neuron kernel ever running; the first op on them names the feature.

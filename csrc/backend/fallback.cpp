@@ -266,9 +266,9 @@ c10::IValue meta_operand(const c10::IValue& v, AliasSet& aliases) {
 
 void check_supported_result(const OpAnalysis& a, const at::Tensor& t) {
   if (!t.defined()) return;
-  TORCH_CHECK_NOT_IMPLEMENTED(t.layout() == c10::kStrided || t.layout() == c10::kSparse, a.name,
+  TORCH_CHECK_NOT_IMPLEMENTED(t.layout() != c10::kJagged && t.layout() != c10::kMkldnn, a.name,
                               " would produce a ", t.layout(),
-                              " tensor: sparse tensors are not supported on neuron yet; run this op on CPU");
+                              " tensor: this layout is not supported on neuron yet; run this op on CPU");
   TORCH_CHECK_NOT_IMPLEMENTED(!t.is_quantized() && !c10::isQIntType(t.scalar_type()), a.name,
                               " would produce a quantized tensor: quantized tensors are not supported on neuron "
                               "yet; run this op on CPU");
@@ -280,7 +280,7 @@ void check_supported_result(const OpAnalysis& a, const at::Tensor& t) {
 at::Tensor adopt_host_result(const OpAnalysis& a, const at::Tensor& r, c10::DeviceIndex d) {
   check_supported_result(a, r);
   if (!r.defined()) return r;
-  if (r.is_sparse()) return sparse_to_device(r, d);  // e.g. to_sparse() of a neuron tensor
+  if (r.layout() != c10::kStrided) return sparse_to_device(r, d);  // e.g. to_sparse() of a neuron tensor
   at::Tensor m = r.is_non_overlapping_and_dense() ? r : r.contiguous();
   at::Tensor out = empty_with_geometry(Geometry::of(m), d);
   cpu_alias(out).copy_(r);
@@ -396,7 +396,7 @@ std::shared_ptr<MetaResult> run_meta(OpAnalysis& a, c10::ArrayRef<c10::IValue> a
     const c10::IValue& v = meta[i];
     if (v.isTensor()) {
       check_supported_result(a, v.toTensor());
-      if (v.toTensor().is_sparse()) {  // built on the host, then moved (sparse.cpp)
+      if (v.toTensor().layout() != c10::kStrided) {  // sparse: built on the host, then moved (sparse.cpp)
         a.sync_only.store(true);
         return nullptr;
       }

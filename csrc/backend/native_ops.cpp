@@ -211,25 +211,18 @@ TORCH_LIBRARY_IMPL(aten, Negative, m) {
 
 namespace neuronx {
 namespace {
-// Sparse CSR, nested and quantized neuron tensors can come into existence
-// through composite paths that never reach the neuron kernels (e.g. a CSR
-// tensor moved with .to()); every op on them then lands here. (Sparse COO
-// tensors are supported: sparse.cpp.)
+// Nested (strided) and quantized neuron tensors can come into existence
+// through composite paths that never reach the neuron kernels; every op on
+// them then lands here. (Sparse tensors are supported: sparse.cpp.)
 [[noreturn]] void unsupported(const c10::OperatorHandle& op, const char* kind) {
   TORCH_CHECK_NOT_IMPLEMENTED(false, op.schema().name(), ": ", kind,
                               " are not supported on neuron yet; keep them on CPU (only strided tensors run on "
                               "neuron)");
 }
-void sparse_csr_unsupported(const c10::OperatorHandle& op, c10::Stack*) {
-  unsupported(op, "sparse compressed (CSR/CSC/BSR/BSC) tensors");
-}
 void nested_unsupported(const c10::OperatorHandle& op, c10::Stack*) { unsupported(op, "nested tensors"); }
 void quantized_unsupported(const c10::OperatorHandle& op, c10::Stack*) { unsupported(op, "quantized tensors"); }
 }  // namespace
 
-TORCH_LIBRARY_IMPL(_, SparseCsrPrivateUse1, m) {
-  m.fallback(torch::CppFunction::makeFromBoxedFunction<&sparse_csr_unsupported>());
-}
 TORCH_LIBRARY_IMPL(_, NestedTensorPrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&nested_unsupported>());
 }

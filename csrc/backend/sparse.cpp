@@ -1,5 +1,6 @@
-// Sparse COO tensors on neuron: ATen's SparseTensorImpl (dispatch key
-// SparsePrivateUse1) whose indices and values are neuron tensors. The
+// Sparse tensors on neuron: ATen's SparseTensorImpl (COO, dispatch key
+// SparsePrivateUse1) and SparseCsrTensorImpl (CSR/CSC/BSR/BSC, key
+// SparseCsrPrivateUse1) whose index and value tensors are neuron tensors. The
 // constructors and accessors are ATen's own, shared by every backend. Every
 // other op that sees a sparse neuron operand runs synchronously on host copies
 // of its operands and its results come back to the device: correct, not fast.
@@ -9,7 +10,13 @@
 
 #include "backend/op_kernel.h"
 
+#include <ATen/SparseCsrTensorImpl.h>
 #include <ATen/SparseTensorImpl.h>
+#include <ATen/ops/_sparse_compressed_tensor_unsafe.h>
+#include <ATen/ops/ccol_indices_native.h>
+#include <ATen/ops/col_indices_native.h>
+#include <ATen/ops/crow_indices_native.h>
+#include <ATen/ops/row_indices_native.h>
 #include <ATen/ops/_coalesced_native.h>
 #include <ATen/ops/_indices_native.h>
 #include <ATen/ops/_nnz_native.h>
@@ -38,8 +45,25 @@ at::Tensor sparse_with(const at::Tensor& like, const at::Tensor& indices, const 
                                                        values, like.options().device(device), like.is_coalesced());
 }
 
+bool is_compressed(const at::Tensor& t) {
+  const auto l = t.layout();
+  return l == c10::kSparseCsr || l == c10::kSparseCsc || l == c10::kSparseBsr || l == c10::kSparseBsc;
+}
+
+at::SparseCsrTensorImpl* compressed_impl(const at::Tensor& t) {
+  return static_cast<at::SparseCsrTensorImpl*>(t.unsafeGetTensorImpl());
+}
+
+at::Tensor compressed_on(const at::Tensor& t, c10::Device device) {
+  auto* impl = compressed_impl(t);
+  return at::_sparse_compressed_tensor_unsafe(impl->compressed_indices().to(device),
+                                              impl->plain_indices().to(device), impl->values().to(device),
+                                              t.sizes(), t.options().device(device));
+}
+
 at::Tensor to_host(const at::Tensor& t) {
   if (!t.defined() || t.device().type() != kNeuron) return t;
+  if (is_compressed(t)) return compressed_on(t, c10::Device(c10::kCPU));
   if (t.is_sparse()) {
     auto* impl = sparse_impl(t);
     return sparse_with(t, impl->indices().cpu(), impl->values().cpu(), c10::Device(c10::kCPU));
@@ -49,7 +73,7 @@ at::Tensor to_host(const at::Tensor& t) {
 
 at::Tensor to_device(const at::Tensor& t, c10::DeviceIndex d) {
   if (!t.defined() || t.device().type() == kNeuron) return t;
-  if (t.is_sparse()) return sparse_to_device(t, d);
+  if (t.is_sparse() || is_compressed(t)) return sparse_to_device(t, d);
   return t.to(c10::Device(kNeuron, d));
 }
 
@@ -75,6 +99,15 @@ c10::IValue map_ivalue(const c10::IValue& v, F&& f) {
 void write_back(const at::Tensor& dev, const at::Tensor& host) {
   if (!dev.defined() || dev.device().type() != kNeuron) return;
   const c10::DeviceIndex d = dev.device().index();
+  if (is_compressed(dev)) {
+    TORCH_CHECK(is_compressed(host), "neuron sparse fallback: a sparse argument was given a ", host.layout(),
+                " result");
+    auto* h = compressed_impl(host);
+    compressed_impl(dev)->set_member_tensors(h->compressed_indices().to(dev.device()),
+                                             h->plain_indices().to(dev.device()), h->values().to(dev.device()),
+                                             host.sizes());
+    return;
+  }
   if (dev.is_sparse()) {
     TORCH_CHECK(host.is_sparse(), "neuron sparse fallback: a sparse argument was given a dense result");
     auto* impl = sparse_impl(dev);
@@ -100,7 +133,11 @@ void sparse_fallback(const c10::OperatorHandle& op, c10::Stack* stack) {
   for (const auto& v : originals) {
     host.push_back(map_ivalue(v, [&](const at::Tensor& t) {
       if (t.defined() && t.device().type() == kNeuron) dev = t.device().index();
-      return to_host(t);
+      at::Tensor h = to_host(t);
+      // Some sparse kernels decide what to compute from requires_grad (the
+      // reduction's argmax for its backward): the host copy says the same.
+      if (t.defined() && t.device().type() == kNeuron && t.requires_grad() && h.is_leaf()) h.requires_grad_(true);
+      return h;
     }));
   }
   std::vector<c10::IValue> host_args(host.begin(), host.end());
@@ -125,8 +162,9 @@ void sparse_fallback(const c10::OperatorHandle& op, c10::Stack* stack) {
 }  // namespace
 
 at::Tensor sparse_to_device(const at::Tensor& host, c10::DeviceIndex d) {
-  auto* impl = sparse_impl(host);
   const c10::Device device(kNeuron, d);
+  if (is_compressed(host)) return compressed_on(host, device);
+  auto* impl = sparse_impl(host);
   return sparse_with(host, impl->indices().to(device), impl->values().to(device), device);
 }
 
@@ -144,20 +182,41 @@ TORCH_LIBRARY_IMPL(aten, SparsePrivateUse1, m) {
   m.impl("_coalesced_", at::native::_coalesced_sparse_);
 }
 
+TORCH_LIBRARY_IMPL(aten, SparseCsrPrivateUse1, m) {
+  m.impl("crow_indices", at::native::crow_indices_sparse_csr);
+  m.impl("col_indices", at::native::col_indices_sparse_csr);
+  m.impl("ccol_indices", at::native::ccol_indices_sparse_csr);
+  m.impl("row_indices", at::native::row_indices_sparse_csr);
+  m.impl("values", at::native::values_sparse_csr);
+  m.impl("_nnz", at::native::_nnz_sparse_csr);
+  m.impl("sparse_dim", at::native::sparse_dim_sparse_csr);
+  m.impl("dense_dim", at::native::dense_dim_sparse_csr);
+}
+
+TORCH_LIBRARY_IMPL(_, SparseCsrPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&sparse_fallback>());
+}
+
 void register_sparse_kernels() {
   // CompositeExplicitAutograd kernels also serve SparsePrivateUse1 by default,
   // and they are written for dense tensors (sum() of a sparse tensor would
   // return garbage): where CPU has a sparse kernel, take it, through the host.
-  static auto* lib = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::SparsePrivateUse1,
+  static auto* coo = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::SparsePrivateUse1,
+                                        __FILE__, __LINE__);
+  static auto* csr = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::SparseCsrPrivateUse1,
                                         __FILE__, __LINE__);
   auto& dispatcher = c10::Dispatcher::singleton();
   for (const auto& name : dispatcher.getAllOpNames()) {
     if (name.name.rfind("aten::", 0) != 0) continue;
     auto h = dispatcher.findSchema(name);
-    if (!h || h->hasKernelForDispatchKey(c10::DispatchKey::SparsePrivateUse1)) continue;
-    if (!h->hasKernelForDispatchKey(c10::DispatchKey::SparseCPU)) continue;
+    if (!h) continue;
     const std::string full = name.name.substr(6) + (name.overload_name.empty() ? "" : "." + name.overload_name);
-    lib->impl(full.c_str(), torch::CppFunction::makeFromBoxedFunction<&sparse_fallback>());
+    for (auto [host_key, lib, key] : {std::tuple{c10::DispatchKey::SparseCPU, coo, c10::DispatchKey::SparsePrivateUse1},
+                                      std::tuple{c10::DispatchKey::SparseCsrCPU, csr,
+                                                 c10::DispatchKey::SparseCsrPrivateUse1}}) {
+      if (h->hasKernelForDispatchKey(key) || !h->hasKernelForDispatchKey(host_key)) continue;
+      lib->impl(full.c_str(), torch::CppFunction::makeFromBoxedFunction<&sparse_fallback>());
+    }
   }
 }
 

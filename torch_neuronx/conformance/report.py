@@ -11,8 +11,6 @@ KNOWN_CAUSES = {
         "CUDA only (`LinearCrossEntropyOptions._resolve_auto_acc_dtype`), the input dtype elsewhere; "
         "neuron therefore accumulates in bf16/fp16 while the CPU reference accumulates in fp32"),
     "LinearCrossEntropyLoss": "as nn.functional.linear_cross_entropy: device-dependent accumulation dtype",
-    "sparse.mm.reduce": "its samples are sparse CSR tensors; sparse compressed layouts are not supported on neuron",
-    "sparse.sampled_addmm": "its samples are sparse CSR tensors; sparse compressed layouts are not supported on neuron",
 }
 
 
