@@ -23,6 +23,7 @@ namespace neuronx {
 void register_hooks();
 void register_direct_fallbacks();
 void register_sparse_kernels();
+void init_autocast_dtype();
 
 namespace {
 
@@ -111,6 +112,7 @@ PYBIND11_MODULE(_C, m) {
   register_hooks();
   register_direct_fallbacks();
   register_sparse_kernels();
+  init_autocast_dtype();
   set_clear_python_error([] { PyErr_Clear(); });
   // Waiting on the device with the GIL held could deadlock: a kernel that
   // finishes may release the last reference to a storage with a Python object.
