@@ -100,6 +100,14 @@ def render(result, json_name, png_name):
                   f"Tiny ops: CPU eager **{u['cpu_eager']:.2f} µs/op**, neuron eager **{u['neuron_eager']:.2f} "
                   f"µs/op** ({u['neuron_eager'] / u['cpu_eager']:.2f}× CPU's latency), including the final "
                   "synchronize.", ""]
+    if "nanogpt_train_step" in ws and "nanogpt_train_step_bf16" in ws:
+        fp32 = ws["nanogpt_train_step"]["modes"]["neuron_eager"]["median_s"]
+        bf16 = ws["nanogpt_train_step_bf16"]["modes"]["neuron_eager"]["median_s"]
+        lines += ["## Mixed precision", "",
+                  f"nanoGPT training step on neuron under `torch.autocast(dtype=torch.bfloat16)`: "
+                  f"**{fp32 / bf16:.2f}×** the throughput of the float32 step ({fmt_s(bf16)} vs {fmt_s(fp32)}). "
+                  "The simulated NeuronCore runs CPU kernels, so this ratio reflects the host CPU's bf16 "
+                  "matmul support.", ""]
     mem = [(n, w["memory"]) for n, w in ws.items() if "memory" in w]
     if mem:
         lines += ["## Memory", ""]
