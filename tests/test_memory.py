@@ -529,3 +529,57 @@ def test_host_memory_stats_track_pinned_allocations():
 def test_neuron_tensor_rejects_pin_memory():
     with pytest.raises(RuntimeError, match="pin"):
         torch.empty(4, device="neuron", pin_memory=True)
+
+
+def _run_with_env(code, **env):
+    import os
+    import subprocess
+    import sys
+    full = {k: v for k, v in os.environ.items() if not k.startswith(("TORCH_NEURONX_", "NEURON_"))}
+    full.update(env)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full, timeout=120)
+
+
+def test_alloc_conf_memory_fraction_caps_the_process():
+    code = (
+        "import torch\n"
+        "x = torch.empty(200 * 2**20, dtype=torch.uint8, device='neuron')\n"
+        "try:\n"
+        "    torch.empty(200 * 2**20, dtype=torch.uint8, device='neuron')\n"
+        "    print('no oom')\n"
+        "except torch.OutOfMemoryError as e:\n"
+        "    print('oom', 'limited to 256.00 MiB by the memory fraction' in str(e))\n"
+    )
+    p = _run_with_env(code, TORCH_NEURONX_SIM_HBM="1GiB", TORCH_NEURONX_ALLOC_CONF="per_process_memory_fraction:0.25")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "oom True"
+    p = _run_with_env(code, TORCH_NEURONX_SIM_HBM="1GiB")
+    assert p.stdout.strip() == "no oom", p.stderr
+
+
+def test_alloc_conf_garbage_collection_threshold_releases_idle_cache():
+    code = (
+        "import torch\n"
+        "a = torch.empty(12 * 2**20, dtype=torch.uint8, device='neuron')\n"
+        "b = torch.empty(12 * 2**20, dtype=torch.uint8, device='neuron')\n"
+        "del a, b\n"
+        "torch.neuron.synchronize()\n"
+        "c = torch.empty(30 * 2**20, dtype=torch.uint8, device='neuron')\n"
+        "print(torch.neuron.memory_reserved() // 2**20)\n"
+    )
+    with_gc = _run_with_env(code, TORCH_NEURONX_SIM_HBM="100MiB",
+                            TORCH_NEURONX_ALLOC_CONF="garbage_collection_threshold:0.5")
+    without = _run_with_env(code, TORCH_NEURONX_SIM_HBM="100MiB")
+    assert with_gc.returncode == 0 and without.returncode == 0, with_gc.stderr + without.stderr
+    assert int(without.stdout) == 54 and int(with_gc.stdout) == 42
+
+
+@pytest.mark.parametrize("conf,message", [
+    ("per_process_memory_fraction:2", "per_process_memory_fraction must be in (0, 1]"),
+    ("max_split_size_mb:64", "unknown key 'max_split_size_mb'"),
+    ("garbage_collection_threshold", "expected key:value pairs"),
+])
+def test_alloc_conf_errors_name_the_variable(conf, message):
+    p = _run_with_env("import torch; torch.ones(1, device='neuron')", TORCH_NEURONX_ALLOC_CONF=conf)
+    assert p.returncode != 0
+    assert "TORCH_NEURONX_ALLOC_CONF" in p.stderr and message in p.stderr, p.stderr

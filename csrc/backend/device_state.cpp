@@ -44,6 +44,7 @@ void rethrow_runtime_error(const rt::Error& e) {
           break;
       }
       TORCH_CHECK(false, e.what(), hint);
+      break;  // unreachable: TORCH_CHECK(false) throws
     }
     case rt::ErrorCode::kBadFork:
     case rt::ErrorCode::kInternal:

@@ -65,7 +65,8 @@ CachingAllocator::Block* CachingAllocator::find_free(Pool& pool, size_t size) {
 CachingAllocator::Block* CachingAllocator::new_segment(size_t alloc_size, bool small, size_t requested) {
   if (reserved_ + alloc_size > effective_capacity()) {
     stats_.num_alloc_retries++;
-    if (!release_cached(alloc_size) || reserved_ + alloc_size > effective_capacity()) return nullptr;
+    if (!release_cached(alloc_size, effective_capacity()) || reserved_ + alloc_size > effective_capacity())
+      return nullptr;
   }
   void* mem = mmap(nullptr, alloc_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (mem == MAP_FAILED) return nullptr;
@@ -97,15 +98,15 @@ void CachingAllocator::release_segment(Segment* s) {
   delete s;
 }
 
-bool CachingAllocator::release_cached(size_t needed) {
-  // Free whole unused segments, largest first, until `needed` fits.
+bool CachingAllocator::release_cached(size_t needed, size_t budget) {
+  // Free whole unused segments, largest first, until `needed` fits in `budget`.
   std::vector<Segment*> idle;
   for (auto& [base, seg] : segments_)
     if (!seg->head->allocated && seg->head->next == nullptr) idle.push_back(seg);
   std::sort(idle.begin(), idle.end(), [](Segment* a, Segment* b) { return a->size > b->size; });
   bool freed = false;
   for (Segment* s : idle) {
-    if (reserved_ + needed <= effective_capacity()) break;
+    if (reserved_ + needed <= budget) break;
     release_segment(s);
     freed = true;
   }
@@ -124,6 +125,10 @@ void* CachingAllocator::malloc(size_t n, void** handle) {
     size_t seg_size = small ? kSmallBuffer
                             : (size < kMinLargeAlloc ? kLargeBuffer
                                                      : kRoundLarge * ((size + kRoundLarge - 1) / kRoundLarge));
+    if (gc_threshold_ > 0) {
+      const auto budget = static_cast<size_t>(gc_threshold_ * static_cast<double>(effective_capacity()));
+      if (reserved_ + seg_size > budget) release_cached(seg_size, budget);
+    }
     b = new_segment(seg_size, small, n);
     if (!b) {
       stats_.num_ooms++;
@@ -297,6 +302,11 @@ size_t CachingAllocator::reserved() const {
 void CachingAllocator::set_limit(size_t bytes) {
   std::lock_guard<std::mutex> g(mu_);
   limit_ = bytes > capacity_ ? capacity_ : bytes;
+}
+
+void CachingAllocator::set_gc_threshold(double share) {
+  std::lock_guard<std::mutex> g(mu_);
+  gc_threshold_ = share;
 }
 
 size_t CachingAllocator::limit() const {

@@ -82,6 +82,9 @@ class CachingAllocator {
   // Per-process cap below capacity (memory fraction); 0 means none.
   void set_limit(size_t bytes);
   size_t limit() const;
+  // Before growing past this share of the (limited) capacity, free idle
+  // cached segments first (PyTorch's garbage_collection_threshold). 0: off.
+  void set_gc_threshold(double share);
   int device() const { return device_; }
 
   static size_t round_size(size_t n);
@@ -111,7 +114,7 @@ class CachingAllocator {
 
   Block* find_free(Pool& pool, size_t size);
   Block* new_segment(size_t alloc_size, bool small, size_t requested);
-  bool release_cached(size_t needed);
+  bool release_cached(size_t needed, size_t budget);
   void release_segment(Segment* s);
   void update_stats(bool small, StatArray AllocatorStats::*field, int64_t n);
   size_t effective_capacity() const { return limit_ ? limit_ : capacity_; }
@@ -119,6 +122,7 @@ class CachingAllocator {
   const int device_;
   const size_t capacity_;
   size_t limit_ = 0;
+  double gc_threshold_ = 0;
   mutable std::mutex mu_;
   Pool small_pool_, large_pool_;
   std::unordered_map<char*, Segment*> segments_;  // base -> segment

@@ -105,8 +105,42 @@ std::vector<int> parse_core_list(const std::string& name, const std::string& val
   return out;
 }
 
+void parse_alloc_conf(const std::string& value, Config& c) {
+  static const char* kName = "TORCH_NEURONX_ALLOC_CONF";
+  size_t pos = 0;
+  while (pos <= value.size()) {
+    const size_t comma = value.find(',', pos);
+    const std::string item = trim(value.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos));
+    if (!item.empty()) {
+      const size_t colon = item.find(':');
+      if (colon == std::string::npos) bad(kName, value, "expected key:value pairs separated by commas");
+      const std::string key = trim(item.substr(0, colon)), v = trim(item.substr(colon + 1));
+      double x = 0;
+      try {
+        size_t used = 0;
+        x = std::stod(v, &used);
+        if (used != v.size()) throw std::invalid_argument(v);
+      } catch (const std::exception&) {
+        bad(kName, value, "'" + key + "' takes a number, got '" + v + "'");
+      }
+      if (key == "per_process_memory_fraction") {
+        if (!(x > 0 && x <= 1)) bad(kName, value, "per_process_memory_fraction must be in (0, 1]");
+        c.memory_fraction = x;
+      } else if (key == "garbage_collection_threshold") {
+        if (!(x > 0 && x < 1)) bad(kName, value, "garbage_collection_threshold must be in (0, 1)");
+        c.gc_threshold = x;
+      } else {
+        bad(kName, value,
+            "unknown key '" + key + "' (supported: per_process_memory_fraction, garbage_collection_threshold)");
+      }
+    }
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+}
+
 Config make_config(const char* sim_cores, const char* visible, const char* hbm,
-                   const char* launch_blocking, size_t host_bytes) {
+                   const char* launch_blocking, size_t host_bytes, const char* alloc_conf) {
   Config c;
   try {
     if (sim_cores && *sim_cores) c.sim_cores = parse_positive_int("TORCH_NEURONX_SIM_CORES", sim_cores, 64);
@@ -125,6 +159,7 @@ Config make_config(const char* sim_cores, const char* visible, const char* hbm,
         bad("NEURON_LAUNCH_BLOCKING", launch_blocking, "expected 0 or 1");
       c.launch_blocking = lb == "1";
     }
+    if (alloc_conf && *alloc_conf) parse_alloc_conf(alloc_conf, c);
   } catch (const Error& e) {
     c.error = e.what();
     c.visible.clear();
@@ -136,7 +171,7 @@ const Config& config() {
   static const Config c = make_config(
       std::getenv("TORCH_NEURONX_SIM_CORES"), std::getenv("NEURON_RT_VISIBLE_CORES"),
       std::getenv("TORCH_NEURONX_SIM_HBM"), std::getenv("NEURON_LAUNCH_BLOCKING"),
-      host_physical_memory());
+      host_physical_memory(), std::getenv("TORCH_NEURONX_ALLOC_CONF"));
   return c;
 }
 

@@ -13,6 +13,9 @@ struct Config {
   std::vector<int> visible;          // physical core ids this process sees
   size_t hbm_bytes = 0;              // per-core capacity after host bound
   bool launch_blocking = false;      // NEURON_LAUNCH_BLOCKING=1
+  // TORCH_NEURONX_ALLOC_CONF ("key:value,key:value", as PYTORCH_CUDA_ALLOC_CONF)
+  double memory_fraction = 0;        // per_process_memory_fraction: cap as a share of capacity (0: none)
+  double gc_threshold = 0;           // garbage_collection_threshold: free idle cache above this share (0: off)
   std::string error;                 // non-empty when the environment is invalid
 };
 
@@ -26,7 +29,10 @@ int parse_positive_int(const std::string& name, const std::string& value, int ma
 
 // Builds a Config from explicit values (what config() does with getenv).
 Config make_config(const char* sim_cores, const char* visible, const char* hbm,
-                   const char* launch_blocking, size_t host_bytes);
+                   const char* launch_blocking, size_t host_bytes, const char* alloc_conf = nullptr);
+
+// Applies TORCH_NEURONX_ALLOC_CONF to c. Throws rt::Error(kInvalidArgument).
+void parse_alloc_conf(const std::string& value, Config& c);
 
 size_t host_physical_memory();
 

@@ -99,8 +99,12 @@ Device& device(int index) {
   Registry& r = registry();
   std::call_once(r.once, [&] {
     const Config& c = config();
-    for (size_t i = 0; i < c.visible.size(); ++i)
+    for (size_t i = 0; i < c.visible.size(); ++i) {
       r.devices.push_back(std::make_unique<Device>(static_cast<int>(i), c.visible[i], c.hbm_bytes));
+      CachingAllocator& a = r.devices.back()->allocator();
+      if (c.memory_fraction > 0) a.set_limit(static_cast<size_t>(c.memory_fraction * static_cast<double>(c.hbm_bytes)));
+      if (c.gc_threshold > 0) a.set_gc_threshold(c.gc_threshold);
+    }
     pthread_atfork(nullptr, nullptr, &on_fork_child);
     g_initialized.store(true);
   });

@@ -440,3 +440,26 @@ TEST(CachingAllocator, ConcurrentMallocFree) {
 }
 
 }  // namespace
+
+TEST(CachingAllocator, GarbageCollectionThresholdFreesIdleSegmentsBeforeGrowing) {
+  // 100 MiB device, collect above 50%: two idle 12 MiB segments are cached, and a 30 MiB
+  // request would take reserved memory to 54 MiB; idle segments are released until the new
+  // one fits under 50 MiB (one is enough).
+  for (double threshold : {0.0, 0.5}) {
+    CachingAllocator a(0, 100 * MiB);
+    if (threshold > 0) a.set_gc_threshold(threshold);
+    void *h1, *h2, *h3;
+    a.malloc(12 * MiB, &h1);
+    a.malloc(12 * MiB, &h2);
+    a.free(h1);
+    a.free(h2);
+    ASSERT_EQ(a.reserved(), 24 * MiB);  // cached, not returned
+    a.malloc(30 * MiB, &h3);            // no idle block fits: a new segment
+    if (threshold > 0) {
+      EXPECT_EQ(a.reserved(), 42 * MiB);  // one idle 12 MiB segment released first
+    } else {
+      EXPECT_EQ(a.reserved(), 54 * MiB);
+    }
+    a.free(h3);
+  }
+}

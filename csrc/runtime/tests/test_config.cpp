@@ -212,3 +212,19 @@ TEST(TaskError, Describe) {
 }
 
 }  // namespace
+
+TEST(MakeConfig, AllocConf) {
+  rt::Config c = rt::make_config(nullptr, nullptr, "8GiB", nullptr, 0,
+                                 "per_process_memory_fraction:0.5, garbage_collection_threshold:0.8");
+  ASSERT_TRUE(c.error.empty()) << c.error;
+  EXPECT_DOUBLE_EQ(c.memory_fraction, 0.5);
+  EXPECT_DOUBLE_EQ(c.gc_threshold, 0.8);
+  for (const char* bad : {"per_process_memory_fraction:1.5", "garbage_collection_threshold:1",
+                          "garbage_collection_threshold:x", "max_split_size_mb:64", "fraction"}) {
+    rt::Config b = rt::make_config(nullptr, nullptr, nullptr, nullptr, 0, bad);
+    EXPECT_NE(b.error.find("TORCH_NEURONX_ALLOC_CONF"), std::string::npos) << bad;
+    EXPECT_TRUE(b.visible.empty()) << bad;
+  }
+  rt::Config u = rt::make_config(nullptr, nullptr, nullptr, nullptr, 0, "max_split_size_mb:64");
+  EXPECT_NE(u.error.find("unknown key 'max_split_size_mb'"), std::string::npos) << u.error;
+}
