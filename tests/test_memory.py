@@ -418,13 +418,18 @@ _OOM_SCRIPT = textwrap.dedent(
 )
 
 
+def _run_with_env(code, **env):
+    """Run `code` in a fresh interpreter whose device settings are only `env`."""
+    full = {k: v for k, v in os.environ.items() if not k.startswith(("TORCH_NEURONX_", "NEURON_"))}
+    full.update(env)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full, timeout=180)
+
+
 @pytest.fixture(scope="module")
 def oom_result():
     import json
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCH_NEURONX_", "NEURON_"))}
-    env["TORCH_NEURONX_SIM_HBM"] = "256MiB"
-    p = subprocess.run([sys.executable, "-c", _OOM_SCRIPT], env=env, capture_output=True, text=True, timeout=180)
+    p = _run_with_env(_OOM_SCRIPT, TORCH_NEURONX_SIM_HBM="256MiB")
     assert p.returncode == 0, f"exit {p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr}"
     return json.loads(p.stdout.strip().splitlines()[-1])
 
@@ -529,15 +534,6 @@ def test_host_memory_stats_track_pinned_allocations():
 def test_neuron_tensor_rejects_pin_memory():
     with pytest.raises(RuntimeError, match="pin"):
         torch.empty(4, device="neuron", pin_memory=True)
-
-
-def _run_with_env(code, **env):
-    import os
-    import subprocess
-    import sys
-    full = {k: v for k, v in os.environ.items() if not k.startswith(("TORCH_NEURONX_", "NEURON_"))}
-    full.update(env)
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full, timeout=120)
 
 
 def test_alloc_conf_memory_fraction_caps_the_process():

@@ -170,18 +170,25 @@ def test_lbfgs(line_search):
     assert_params_close(dev_model, cpu_model, atol=1e-5, rtol=1e-4)
 
 
-def test_param_groups_and_maximize():
+def train_on_both(make_opt, steps=3):
+    """The same model and batches trained on CPU and on neuron; returns (cpu_model, neuron_model)."""
     out = []
     for device in ("cpu", DEV):
         model = make_model().to(device)
-        opt = torch.optim.Adam([{"params": model[0].parameters(), "lr": 1e-3},
-                                {"params": model[2].parameters(), "lr": 5e-2, "maximize": True}], foreach=False)
-        for x, y in batches(3):
+        opt = make_opt(model)
+        for x, y in batches(steps):
             opt.zero_grad()
             F.cross_entropy(model(x.to(device)), y.to(device)).backward()
             opt.step()
         out.append(model)
-    assert_params_close(out[1], out[0])
+    return out
+
+
+def test_param_groups_and_maximize():
+    cpu, dev = train_on_both(lambda m: torch.optim.Adam(
+        [{"params": m[0].parameters(), "lr": 1e-3}, {"params": m[2].parameters(), "lr": 5e-2, "maximize": True}],
+        foreach=False))
+    assert_params_close(dev, cpu)
 
 
 SCHEDULERS = {
@@ -232,16 +239,8 @@ def test_reduce_lr_on_plateau_with_neuron_metric():
 
 
 def test_tensor_lr_on_neuron():
-    out = []
-    for device in ("cpu", DEV):
-        model = make_model().to(device)
-        opt = torch.optim.Adam(model.parameters(), lr=torch.tensor(0.01), foreach=False)
-        for x, y in batches(3):
-            opt.zero_grad()
-            F.cross_entropy(model(x.to(device)), y.to(device)).backward()
-            opt.step()
-        out.append(model)
-    assert_params_close(out[1], out[0])
+    cpu, dev = train_on_both(lambda m: torch.optim.Adam(m.parameters(), lr=torch.tensor(0.01), foreach=False))
+    assert_params_close(dev, cpu)
 
 
 @pytest.mark.parametrize("set_to_none", [True, False])

@@ -17,6 +17,7 @@
 #include <unordered_map>
 
 #include "backend/generator.h"
+#include "backend/ivalue_map.h"
 #include "backend/meta_cache.h"
 #include "backend/metrics.h"
 #include "backend/op_kernel.h"
@@ -31,12 +32,6 @@ namespace {
 const c10::DispatchKeySet kCPUKeys(c10::DispatchKey::CPU);
 const c10::DispatchKeySet kMetaKeys(c10::DispatchKey::Meta);
 
-bool is_tensor_type(const c10::TypePtr& t) {
-  if (t->kind() == c10::TypeKind::TensorType) return true;
-  if (auto o = t->cast<c10::OptionalType>()) return is_tensor_type(o->getElementType());
-  if (auto l = t->cast<c10::ListType>()) return is_tensor_type(l->getElementType());
-  return false;
-}
 
 // Overloads of each operator name, for finding out= forms.
 const std::unordered_map<std::string, std::vector<c10::OperatorName>>& overloads_by_name() {
@@ -155,23 +150,6 @@ OpAnalysis& analysis_for(const c10::OperatorHandle& op) {
   }
   local.emplace(key, a);
   return *a;
-}
-
-// Applies f to every tensor inside an IValue (tensor, tensor list, list of
-// optional tensors), returning the IValue with the mapped tensors.
-template <typename F>
-c10::IValue map_tensors(const c10::IValue& v, F&& f) {
-  if (v.isTensor()) return f(v.toTensor());
-  if (v.isList()) {
-    auto list = v.toList();
-    const auto& et = list.elementType();
-    if (!is_tensor_type(et)) return v;
-    c10::impl::GenericList out(et);
-    out.reserve(list.size());
-    for (const c10::IValue& e : list) out.push_back(e.isTensor() ? c10::IValue(f(e.toTensor())) : e);
-    return out;
-  }
-  return v;
 }
 
 template <typename F>

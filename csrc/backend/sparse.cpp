@@ -8,6 +8,7 @@
 // dense ops are the device's work.
 #include "backend/sparse.h"
 
+#include "backend/ivalue_map.h"
 #include "backend/op_kernel.h"
 
 #include <ATen/SparseCsrTensorImpl.h>
@@ -77,28 +78,17 @@ at::Tensor to_device(const at::Tensor& t, c10::DeviceIndex d) {
   return t.to(c10::Device(kNeuron, d));
 }
 
+// A boxed argument for the host call: tensors mapped by f, neuron devices
+// (factory arguments) replaced by the host.
 template <typename F>
-c10::IValue map_ivalue(const c10::IValue& v, F&& f) {
-  if (v.isTensor()) return f(v.toTensor());
-  if (v.isTensorList()) {
-    c10::List<at::Tensor> out;
-    for (const at::Tensor& t : v.toTensorList()) out.push_back(f(t));
-    return out;
-  }
-  if (v.isList()) {
-    auto list = v.toList();
-    c10::impl::GenericList out(list.elementType());
-    for (const c10::IValue& e : list) out.push_back(e.isTensor() ? c10::IValue(f(e.toTensor())) : e);
-    return out;
-  }
+c10::IValue to_host_argument(const c10::IValue& v, F&& f) {
   if (v.isDevice() && v.toDevice().type() == kNeuron) return c10::IValue(c10::Device(c10::kCPU));
-  return v;
+  return map_tensors(v, std::forward<F>(f));
 }
 
 // Written neuron argument `dev` takes the host result `host`.
 void write_back(const at::Tensor& dev, const at::Tensor& host) {
   if (!dev.defined() || dev.device().type() != kNeuron) return;
-  const c10::DeviceIndex d = dev.device().index();
   if (is_compressed(dev)) {
     TORCH_CHECK(is_compressed(host), "neuron sparse fallback: a sparse argument was given a ", host.layout(),
                 " result");
@@ -119,7 +109,6 @@ void write_back(const at::Tensor& dev, const at::Tensor& host) {
   }
   if (dev.sizes() != host.sizes()) dev.resize_(host.sizes());
   dev.copy_(host);
-  (void)d;
 }
 
 void sparse_fallback(const c10::OperatorHandle& op, c10::Stack* stack) {
@@ -131,7 +120,7 @@ void sparse_fallback(const c10::OperatorHandle& op, c10::Stack* stack) {
   c10::Stack host;
   host.reserve(n);
   for (const auto& v : originals) {
-    host.push_back(map_ivalue(v, [&](const at::Tensor& t) {
+    host.push_back(to_host_argument(v, [&](const at::Tensor& t) {
       if (t.defined() && t.device().type() == kNeuron) dev = t.device().index();
       at::Tensor h = to_host(t);
       // Some sparse kernels decide what to compute from requires_grad (the
@@ -154,7 +143,7 @@ void sparse_fallback(const c10::OperatorHandle& op, c10::Stack* stack) {
     if (arg >= 0 && schema.returns()[r].alias_info()->isWrite()) {
       stack->push_back(originals[arg]);
     } else {
-      stack->push_back(map_ivalue(host[r], [&](const at::Tensor& t) { return to_device(t, d); }));
+      stack->push_back(map_tensors(host[r], [&](const at::Tensor& t) { return to_device(t, d); }));
     }
   }
 }

@@ -165,7 +165,7 @@ def max_error(a, b):
     a64 = a.to(torch.complex128 if a.is_complex() else torch.float64)
     b64 = b.to(a64.dtype)
     d = (a64 - b64).abs()
-    both_nan = a64.isnan() & b64.isnan() if not a.is_complex() else (a64.isnan() & b64.isnan())
+    both_nan = a64.isnan() & b64.isnan()
     same_inf = (a64 == b64)
     d = torch.where(both_nan | same_inf, torch.zeros_like(d), d)
     return float(d.max())

@@ -45,13 +45,6 @@ def _group(records, kind):
     return [r for r in records if r["kind"] == kind]
 
 
-def _sum(counters):
-    c = Counter()
-    for x in counters:
-        c.update(x)
-    return c
-
-
 def summary_text(records, meta):
     by = totals(records)
     lines = [f"{'category':<16}{'pass':>8}{'fail':>7}{'error':>7}{'skip':>7}{'pass %':>9}"]
@@ -59,7 +52,7 @@ def summary_text(records, meta):
         c = by[cat]
         lines.append(f"{cat:<16}{c['pass']:>8}{c['fail']:>7}{c['error']:>7}{c['skip']:>7}{_rate(c):>8.2f}%")
     for kind in ("op", "module", "optim"):
-        c = _sum(Counter(r["outcome"] for r in [r]) for r in _group(records, kind))
+        c = Counter(r["outcome"] for r in _group(records, kind))
         if c:
             lines.append(f"{kind + ' total':<16}{c['pass']:>8}{c['fail']:>7}{c['error']:>7}{c['skip']:>7}{_rate(c):>8.2f}%")
     bit = sum(1 for r in records if r["outcome"] == "pass" and r.get("bitwise"))
