@@ -579,3 +579,98 @@ def test_alloc_conf_errors_name_the_variable(conf, message):
     p = _run_with_env("import torch; torch.ones(1, device='neuron')", TORCH_NEURONX_ALLOC_CONF=conf)
     assert p.returncode != 0
     assert "TORCH_NEURONX_ALLOC_CONF" in p.stderr and message in p.stderr, p.stderr
+
+
+# ---- memory history and snapshots (PyTorch's format, read by torch.cuda._memory_viz)
+
+@pytest.fixture
+def history():
+    torch.neuron.memory._record_memory_history(stacks="python", max_entries=10_000, device=DEV,
+                                               clear_history=True)
+    yield
+    torch.neuron.memory._record_memory_history(None, device=DEV)
+
+
+def _allocate_weights_here():
+    return torch.empty(3 * MiB // 4, dtype=torch.float32, device=f"neuron:{DEV}")
+
+
+def _py_frames(frames):
+    return [f["name"] for f in frames if f["filename"].endswith(".py")]
+
+
+def test_memory_history_snapshot_has_stacks_and_trace(history):
+    _clean()
+    w = _allocate_weights_here()
+    addr = w.data_ptr()
+    snap = torch.neuron.memory._snapshot(DEV)
+    assert set(snap) >= {"segments", "device_traces"}
+    assert len(snap["device_traces"]) == torch.neuron.device_count()
+    blocks = {b["address"]: b for s in snap["segments"] for b in s["blocks"]}
+    live = blocks[addr]
+    assert live["state"] == "active_allocated" and live["size"] == 3 * MiB
+    assert live["requested_size"] == 3 * MiB
+    assert "_allocate_weights_here" in _py_frames(live["frames"])
+    seg = next(s for s in snap["segments"] if s["address"] <= addr < s["address"] + s["total_size"])
+    assert seg["device"] == DEV and seg["segment_type"] == "large" and seg["allocated_size"] >= 3 * MiB
+    trace = snap["device_traces"][DEV]
+    allocs = [e for e in trace if e["action"] == "alloc" and e["addr"] == addr]
+    assert allocs and allocs[-1]["size"] == 3 * MiB
+    assert "_allocate_weights_here" in _py_frames(allocs[-1]["frames"])
+    del w
+    trace = torch.neuron.memory._snapshot(DEV)["device_traces"][DEV]
+    actions = [e["action"] for e in trace if e.get("addr") == addr]
+    assert actions[-2:] == ["free_requested", "free_completed"]
+    assert [e["action"] for e in trace].count("snapshot") == 2
+
+
+def test_memory_history_renders_with_pytorch_visualizer(history, tmp_path):
+    from torch.cuda import _memory_viz
+
+    _clean()
+    keep = [_allocate_weights_here() for _ in range(3)]
+    del keep[1]
+    path = tmp_path / "snap.pickle"
+    torch.neuron.memory._dump_snapshot(str(path))
+    import pickle
+
+    with open(path, "rb") as f:
+        snap = pickle.load(f)
+    assert "<html>" in _memory_viz.trace_plot(snap) and "<html>" in _memory_viz.segment_plot(snap)
+    summary = _memory_viz.segsum(snap)
+    assert "segment" in summary.lower()
+    # The visualizer's allocation replay accounts for every live block.
+    live = sum(b["size"] for s in snap["segments"] for b in s["blocks"] if b["state"] == "active_allocated")
+    assert live >= 2 * 3 * MiB
+
+
+def test_memory_history_records_out_of_memory(history):
+    _clean()
+    cap = torch.neuron.get_device_properties(DEV).total_memory
+    with pytest.raises(torch.OutOfMemoryError):
+        torch.empty(cap + MiB, dtype=torch.uint8, device=f"neuron:{DEV}")
+    oom = [e for e in torch.neuron.memory._snapshot(DEV)["device_traces"][DEV] if e["action"] == "oom"]
+    assert oom and oom[-1]["size"] == cap + MiB and oom[-1]["device_free"] <= cap
+
+
+def test_memory_history_off_and_ring_size():
+    torch.neuron.memory._record_memory_history(max_entries=4, device=DEV, clear_history=True)
+    try:
+        keep = [_allocate_weights_here() for _ in range(6)]
+        trace = torch.neuron.memory._snapshot(DEV)["device_traces"][DEV]
+        assert len(trace) == 4 and trace[-1]["action"] == "snapshot"
+        del keep
+    finally:
+        torch.neuron.memory._record_memory_history(None, device=DEV)
+    assert torch.neuron.memory._snapshot(DEV)["device_traces"][DEV] == []
+    blocks = [b for s in torch.neuron.memory._snapshot(DEV)["segments"] for b in s["blocks"]]
+    assert all(b["frames"] == [] for b in blocks)
+
+
+@pytest.mark.parametrize("kwargs, message", [({"enabled": "yes"}, "enabled must be"),
+                                             ({"context": "some"}, "context must be"),
+                                             ({"stacks": "cpp"}, "stacks must be"),
+                                             ({"max_entries": -1}, "max_entries must be")])
+def test_memory_history_rejects_bad_arguments(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        torch.neuron.memory._record_memory_history(device=DEV, **kwargs)

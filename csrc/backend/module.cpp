@@ -24,6 +24,7 @@ void register_hooks();
 void register_direct_fallbacks();
 void register_sparse_kernels();
 void init_autocast_dtype();
+void bind_memory_snapshot(py::module& m);
 
 namespace {
 
@@ -66,33 +67,6 @@ py::dict memory_stats(int device) {
   d["oversize_segments"] = stat_dict(s.oversize_segments);
   d["max_split_size"] = s.max_split_size;
   return d;
-}
-
-py::list memory_snapshot(int device) {
-  py::list out;
-  for (const auto& seg : runtime_device(device).allocator().snapshot()) {
-    py::dict d;
-    d["device"] = device;
-    d["address"] = seg.address;
-    d["total_size"] = seg.total_size;
-    d["allocated_size"] = seg.allocated_size;
-    d["requested_size"] = seg.requested_size;
-    d["segment_type"] = seg.is_large ? "large" : "small";
-    py::list blocks;
-    size_t addr = seg.address;
-    for (const auto& b : seg.blocks) {
-      py::dict bd;
-      bd["address"] = addr;
-      bd["size"] = b.size;
-      bd["requested_size"] = b.requested_size;
-      bd["state"] = b.allocated ? "active_allocated" : "inactive";
-      blocks.append(bd);
-      addr += b.size;
-    }
-    d["blocks"] = blocks;
-    out.append(d);
-  }
-  return out;
 }
 
 }  // namespace
@@ -161,7 +135,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("_sim_cores", [] { return rt::config().sim_cores; });
 
   m.def("_memory_stats", [](int d) { return memory_stats(d); });
-  m.def("_memory_snapshot", [](int d) { return memory_snapshot(d); });
+  bind_memory_snapshot(m);
   // Same code paths as torch.accelerator.empty_cache / mem_get_info.
   m.def("_empty_cache", [] { c10::getDeviceAllocator(kNeuron)->emptyCache(); });
   m.def("_reset_peak_memory_stats", [](int d) { runtime_device(d).allocator().reset_peak_stats(); });

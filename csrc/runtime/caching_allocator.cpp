@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <chrono>
 #include <sstream>
 
 #include "runtime/error.h"
@@ -62,7 +63,70 @@ CachingAllocator::Block* CachingAllocator::find_free(Pool& pool, size_t size) {
   return b;
 }
 
-CachingAllocator::Block* CachingAllocator::new_segment(size_t alloc_size, bool small, size_t requested) {
+std::shared_ptr<AllocContext> CachingAllocator::capture(bool for_free) const {
+  if (!history_on_.load(std::memory_order_relaxed)) return nullptr;
+  const auto level = context_level_.load(std::memory_order_relaxed);
+  if (level == HistoryOptions::Context::kNone || (for_free && level != HistoryOptions::Context::kAll))
+    return nullptr;
+  AllocContextFn fn = capture_fn_.load(std::memory_order_acquire);
+  return fn ? fn() : nullptr;
+}
+
+void CachingAllocator::record_locked(TraceEntry::Action a, uintptr_t addr, size_t size,
+                                     std::shared_ptr<AllocContext> ctx, size_t device_free) {
+  if (!trace_on_ || trace_max_ == 0) return;
+  // "state" context keeps stacks only for live blocks, not in the trace.
+  if (context_level_.load(std::memory_order_relaxed) == HistoryOptions::Context::kState) ctx.reset();
+  const int64_t now = std::chrono::duration_cast<std::chrono::microseconds>(
+                          std::chrono::system_clock::now().time_since_epoch())
+                          .count();
+  TraceEntry e{a, addr, size, device_free, now, std::move(ctx)};
+  if (trace_.size() < trace_max_) {
+    trace_.push_back(std::move(e));
+  } else {
+    trace_[trace_next_] = std::move(e);
+    trace_next_ = (trace_next_ + 1) % trace_max_;
+  }
+}
+
+void CachingAllocator::record_history(const HistoryOptions& o) {
+  std::lock_guard<std::mutex> g(mu_);
+  if (o.clear || !o.enabled) {
+    trace_.clear();
+    trace_next_ = 0;
+  }
+  // Keep the newest entries when the ring shrinks.
+  if (o.trace && o.max_entries < trace_.size()) {
+    std::vector<TraceEntry> kept;
+    const size_t n = trace_.size();
+    for (size_t i = n - o.max_entries; i < n; ++i) kept.push_back(std::move(trace_[(trace_next_ + i) % n]));
+    trace_ = std::move(kept);
+    trace_next_ = 0;
+  }
+  trace_on_ = o.enabled && o.trace;
+  trace_max_ = o.max_entries;
+  capture_fn_.store(o.capture, std::memory_order_release);
+  context_level_.store(o.enabled ? o.context : HistoryOptions::Context::kNone);
+  history_on_.store(o.enabled);
+  if (!o.enabled) {
+    // Turning history off drops the stacks kept for live blocks too.
+    for (auto& [base, seg] : segments_) {
+      seg->context.reset();
+      for (Block* b = seg->head; b; b = b->next) b->context.reset();
+    }
+  }
+}
+
+std::vector<TraceEntry> CachingAllocator::trace() const {
+  std::lock_guard<std::mutex> g(mu_);
+  std::vector<TraceEntry> out;
+  out.reserve(trace_.size());
+  for (size_t i = 0; i < trace_.size(); ++i) out.push_back(trace_[(trace_next_ + i) % trace_.size()]);
+  return out;
+}
+
+CachingAllocator::Block* CachingAllocator::new_segment(size_t alloc_size, bool small, size_t requested,
+                                                       const std::shared_ptr<AllocContext>& ctx) {
   if (reserved_ + alloc_size > effective_capacity()) {
     stats_.num_alloc_retries++;
     if (!release_cached(alloc_size, effective_capacity()) || reserved_ + alloc_size > effective_capacity())
@@ -70,7 +134,7 @@ CachingAllocator::Block* CachingAllocator::new_segment(size_t alloc_size, bool s
   }
   void* mem = mmap(nullptr, alloc_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (mem == MAP_FAILED) return nullptr;
-  auto* seg = new Segment{static_cast<char*>(mem), alloc_size, small, nullptr, this};
+  auto* seg = new Segment{static_cast<char*>(mem), alloc_size, small, nullptr, this, ctx};
   auto* b = new Block;
   b->size = alloc_size;
   b->ptr = seg->base;
@@ -82,6 +146,7 @@ CachingAllocator::Block* CachingAllocator::new_segment(size_t alloc_size, bool s
   stats_.num_device_alloc++;
   update_stats(small, &AllocatorStats::segment, 1);
   update_stats(small, &AllocatorStats::reserved_bytes, static_cast<int64_t>(alloc_size));
+  record_locked(TraceEntry::Action::kSegmentAlloc, reinterpret_cast<uintptr_t>(seg->base), alloc_size, ctx);
   return b;
 }
 
@@ -92,6 +157,7 @@ void CachingAllocator::release_segment(Segment* s) {
   update_stats(s->small, &AllocatorStats::reserved_bytes, -static_cast<int64_t>(s->size));
   reserved_ -= s->size;
   stats_.num_device_free++;
+  record_locked(TraceEntry::Action::kSegmentFree, reinterpret_cast<uintptr_t>(s->base), s->size, nullptr);
   segments_.erase(s->base);
   munmap(s->base, s->size);
   delete s->head;
@@ -116,6 +182,7 @@ bool CachingAllocator::release_cached(size_t needed, size_t budget) {
 void* CachingAllocator::malloc(size_t n, void** handle) {
   *handle = nullptr;
   if (n == 0) return nullptr;
+  std::shared_ptr<AllocContext> ctx = capture(false);
   std::lock_guard<std::mutex> g(mu_);
   const size_t size = round_size(n);
   const bool small = size <= kSmallSize;
@@ -129,11 +196,12 @@ void* CachingAllocator::malloc(size_t n, void** handle) {
       const auto budget = static_cast<size_t>(gc_threshold_ * static_cast<double>(effective_capacity()));
       if (reserved_ + seg_size > budget) release_cached(seg_size, budget);
     }
-    b = new_segment(seg_size, small, n);
+    b = new_segment(seg_size, small, n, ctx);
     if (!b) {
       stats_.num_ooms++;
       const size_t cap = effective_capacity();
       const size_t free_bytes = cap > reserved_ ? cap - reserved_ : 0;
+      record_locked(TraceEntry::Action::kOom, 0, n, ctx, free_bytes);
       std::ostringstream os;
       os << "neuron out of memory. Tried to allocate " << fmt_bytes(n) << ". neuron:" << device_
          << " has a total capacity of " << fmt_bytes(capacity_);
@@ -165,6 +233,8 @@ void* CachingAllocator::malloc(size_t n, void** handle) {
   }
   b->allocated = true;
   b->requested = n;
+  record_locked(TraceEntry::Action::kAlloc, reinterpret_cast<uintptr_t>(b->ptr), b->size, ctx);
+  b->context = std::move(ctx);
   update_stats(small, &AllocatorStats::allocation, 1);
   update_stats(small, &AllocatorStats::active, 1);
   update_stats(small, &AllocatorStats::allocated_bytes, static_cast<int64_t>(b->size));
@@ -176,11 +246,18 @@ void* CachingAllocator::malloc(size_t n, void** handle) {
 
 void CachingAllocator::free(void* handle) {
   if (!handle) return;
+  std::shared_ptr<AllocContext> ctx = capture(true);
   std::lock_guard<std::mutex> g(mu_);
   Block* b = static_cast<Block*>(handle);
   const bool small = b->seg->small;
   Pool& pool = small ? small_pool_ : large_pool_;
   b->allocated = false;
+  b->context.reset();
+  // Queued kernels keep their operands alive, so a free here is also complete.
+  if (trace_on_) {
+    record_locked(TraceEntry::Action::kFreeRequested, reinterpret_cast<uintptr_t>(b->ptr), b->size, ctx);
+    record_locked(TraceEntry::Action::kFreeCompleted, reinterpret_cast<uintptr_t>(b->ptr), b->size, ctx);
+  }
   update_stats(small, &AllocatorStats::allocation, -1);
   update_stats(small, &AllocatorStats::active, -1);
   update_stats(small, &AllocatorStats::allocated_bytes, -static_cast<int64_t>(b->size));
@@ -273,16 +350,18 @@ void CachingAllocator::reset_peak_stats() {
   stats_.oversize_segments.reset_peak();
 }
 
-std::vector<SegmentInfo> CachingAllocator::snapshot() const {
+std::vector<SegmentInfo> CachingAllocator::snapshot() {
   std::lock_guard<std::mutex> g(mu_);
+  record_locked(TraceEntry::Action::kSnapshot, 0, 0, nullptr);
   std::vector<SegmentInfo> out;
   for (auto& [base, seg] : segments_) {
     SegmentInfo si;
     si.address = reinterpret_cast<uintptr_t>(seg->base);
     si.total_size = seg->size;
     si.is_large = !seg->small;
+    si.context = seg->context;
     for (Block* b = seg->head; b; b = b->next) {
-      si.blocks.push_back({b->size, b->requested, b->allocated});
+      si.blocks.push_back({b->size, b->requested, b->allocated, b->allocated ? b->context : nullptr});
       if (b->allocated) {
         si.allocated_size += b->size;
         si.requested_size += b->requested;

@@ -8,8 +8,10 @@
 // segments go back to the host only on empty_cache() or when an allocation
 // would exceed the core's capacity.
 #include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <string>
@@ -41,12 +43,44 @@ struct AllocatorStats {
   int64_t max_split_size = 0;
 };
 
+// Where an allocation came from (a captured stack). Opaque here: the layer
+// above captures and symbolizes it, so the runtime stays torch-free.
+struct AllocContext {
+  virtual ~AllocContext() = default;
+};
+using AllocContextFn = std::shared_ptr<AllocContext> (*)();
+
+// Memory history, as PyTorch's _record_memory_history defines it.
+struct HistoryOptions {
+  bool enabled = false;       // keep contexts of live blocks ("state")
+  bool trace = false;         // also keep the alloc/free event trace ("all")
+  enum class Context : uint8_t { kNone, kState, kAlloc, kAll } context = Context::kNone;
+  size_t max_entries = 0;     // trace ring size
+  bool clear = false;         // drop the trace recorded so far
+  AllocContextFn capture = nullptr;
+};
+
+struct TraceEntry {
+  enum class Action : uint8_t { kAlloc, kFreeRequested, kFreeCompleted, kSegmentAlloc, kSegmentFree, kOom, kSnapshot };
+  Action action;
+  uintptr_t addr;
+  size_t size;
+  size_t device_free;  // for kOom: what was still free
+  int64_t time_us;     // since the epoch
+  std::shared_ptr<AllocContext> context;
+};
+
 struct SegmentInfo {
   uintptr_t address = 0;
   size_t total_size = 0, allocated_size = 0, requested_size = 0;
   bool is_large = false;
-  struct BlockInfo { size_t size, requested_size; bool allocated; };
+  struct BlockInfo {
+    size_t size, requested_size;
+    bool allocated;
+    std::shared_ptr<AllocContext> context;
+  };
   std::vector<BlockInfo> blocks;
+  std::shared_ptr<AllocContext> context;  // of the allocation that created it
 };
 
 class CachingAllocator {
@@ -75,7 +109,11 @@ class CachingAllocator {
   AllocatorStats stats() const;
   void reset_accumulated_stats();
   void reset_peak_stats();
-  std::vector<SegmentInfo> snapshot() const;
+  // Also records a kSnapshot trace entry when the trace is on.
+  std::vector<SegmentInfo> snapshot();
+
+  void record_history(const HistoryOptions& opts);
+  std::vector<TraceEntry> trace() const;  // oldest first
 
   size_t capacity() const { return capacity_; }
   size_t reserved() const;
@@ -97,6 +135,7 @@ class CachingAllocator {
     Segment* seg = nullptr;
     Block *prev = nullptr, *next = nullptr;
     bool allocated = false;
+    std::shared_ptr<AllocContext> context;
   };
   struct Segment {
     char* base = nullptr;
@@ -104,6 +143,7 @@ class CachingAllocator {
     bool small = false;
     Block* head = nullptr;
     CachingAllocator* owner = nullptr;
+    std::shared_ptr<AllocContext> context;
   };
   struct BlockLess {
     bool operator()(const Block* a, const Block* b) const {
@@ -113,7 +153,11 @@ class CachingAllocator {
   using Pool = std::set<Block*, BlockLess>;
 
   Block* find_free(Pool& pool, size_t size);
-  Block* new_segment(size_t alloc_size, bool small, size_t requested);
+  Block* new_segment(size_t alloc_size, bool small, size_t requested,
+                     const std::shared_ptr<AllocContext>& ctx);
+  void record_locked(TraceEntry::Action a, uintptr_t addr, size_t size,
+                     std::shared_ptr<AllocContext> ctx, size_t device_free = 0);
+  std::shared_ptr<AllocContext> capture(bool for_free) const;
   bool release_cached(size_t needed, size_t budget);
   void release_segment(Segment* s);
   void update_stats(bool small, StatArray AllocatorStats::*field, int64_t n);
@@ -128,6 +172,15 @@ class CachingAllocator {
   std::unordered_map<char*, Segment*> segments_;  // base -> segment
   size_t reserved_ = 0;
   AllocatorStats stats_;
+  // History. Contexts are captured before taking mu_ (capturing a Python
+  // stack may take the GIL), so these are read without the lock.
+  std::atomic<bool> history_on_{false};
+  std::atomic<HistoryOptions::Context> context_level_{HistoryOptions::Context::kNone};
+  std::atomic<AllocContextFn> capture_fn_{nullptr};
+  bool trace_on_ = false;                // guarded by mu_
+  size_t trace_max_ = 0;                 // guarded by mu_
+  std::vector<TraceEntry> trace_;        // ring buffer, guarded by mu_
+  size_t trace_next_ = 0;                // guarded by mu_
 };
 
 }  // namespace neuronx::rt

@@ -1,5 +1,8 @@
 """Device memory management: the caching allocator's statistics under CUDA's names."""
 import collections
+import os
+import pickle
+import sys
 from typing import Any, Dict, Optional
 
 import torch
@@ -9,7 +12,8 @@ from .. import _C
 __all__ = ["empty_cache", "memory_stats", "memory_allocated", "max_memory_allocated", "memory_reserved",
            "max_memory_reserved", "reset_peak_memory_stats", "reset_accumulated_memory_stats",
            "reset_max_memory_allocated", "mem_get_info", "memory_summary", "memory_snapshot",
-           "set_per_process_memory_fraction", "host_memory_stats"]
+           "set_per_process_memory_fraction", "host_memory_stats",
+           "_record_memory_history", "_snapshot", "_dump_snapshot"]
 
 
 def _idx(device) -> int:
@@ -81,7 +85,54 @@ def set_per_process_memory_fraction(fraction: float, device=None) -> None:
 
 def memory_snapshot(device=None):
     """Segments and blocks of the caching allocator (``torch.cuda.memory_snapshot`` layout)."""
-    return _C._memory_snapshot(_idx(device))
+    return _C._memory_snapshot(_idx(device))["segments"]
+
+
+def _record_memory_history(enabled: Optional[str] = "all", context: Optional[str] = "all",
+                           stacks: str = "all", max_entries: int = sys.maxsize, device=None,
+                           clear_history: bool = False) -> None:
+    """Record where device memory is allocated, as ``torch.cuda.memory._record_memory_history``.
+
+    ``enabled``: ``None`` stops recording; ``"state"`` keeps a stack for each live
+    allocation; ``"all"`` also keeps a history of alloc/free events (the newest
+    ``max_entries``). ``context``: which events get stacks (``None``, ``"state"``,
+    ``"alloc"``, ``"all"``). ``stacks``: ``"python"`` or ``"all"`` (adds C++ frames).
+    Read the result with :func:`_snapshot` or :func:`_dump_snapshot`.
+    """
+    if isinstance(enabled, bool):
+        enabled = "all" if enabled else None
+    if max_entries < 0:
+        raise ValueError(f"_record_memory_history: max_entries must be >= 0, got {max_entries}")
+    _C._record_memory_history(enabled, context, stacks, min(max_entries, sys.maxsize), bool(clear_history),
+                              _idx(device))
+
+
+def _snapshot(device=None) -> Dict[str, Any]:
+    """The allocator state and recorded history in ``torch.cuda.memory._snapshot()`` format:
+    ``{"segments": [...], "device_traces": [[...] per device]}``, readable by
+    ``torch.cuda._memory_viz`` and https://pytorch.org/memory_viz.
+
+    With ``device=None`` every initialized device is included (device traces
+    are indexed by device, like CUDA's).
+    """
+    from . import device_count
+
+    devices = range(device_count()) if device is None else [_idx(device)]
+    traces = [[] for _ in range(device_count())]
+    segments = []
+    for d in devices:
+        s = _C._memory_snapshot(d)
+        segments.extend(s["segments"])
+        traces[d] = s["device_traces"]
+    return {"segments": segments, "device_traces": traces,
+            "allocator_settings": {"TORCH_NEURONX_ALLOC_CONF": os.environ.get("TORCH_NEURONX_ALLOC_CONF", "")}}
+
+
+def _dump_snapshot(filename: str = "dump_snapshot.pickle") -> None:
+    """Pickle :func:`_snapshot` to ``filename`` (open it at https://pytorch.org/memory_viz, or
+    render it with ``python -m torch.cuda._memory_viz trace_plot FILE -o out.html``)."""
+    with open(filename, "wb") as f:
+        pickle.dump(_snapshot(), f)
 
 
 def host_memory_stats() -> Dict[str, int]:

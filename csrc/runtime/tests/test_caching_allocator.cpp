@@ -463,3 +463,78 @@ TEST(CachingAllocator, GarbageCollectionThresholdFreesIdleSegmentsBeforeGrowing)
     a.free(h3);
   }
 }
+
+namespace {
+struct TagContext : rt::AllocContext {
+  explicit TagContext(int t) : tag(t) {}
+  int tag;
+};
+int g_next_tag = 0;
+std::shared_ptr<rt::AllocContext> tag_capture() { return std::make_shared<TagContext>(++g_next_tag); }
+int tag_of(const std::shared_ptr<rt::AllocContext>& c) {
+  return c ? static_cast<const TagContext&>(*c).tag : 0;
+}
+using Action = rt::TraceEntry::Action;
+}  // namespace
+
+TEST(CachingAllocator, HistoryRecordsActionsAndContexts) {
+  CachingAllocator a(0, 64 * MiB);
+  rt::HistoryOptions o;
+  o.enabled = o.trace = true;
+  o.context = rt::HistoryOptions::Context::kAll;
+  o.max_entries = 100;
+  o.capture = &tag_capture;
+  g_next_tag = 0;
+  a.record_history(o);
+  void* h = nullptr;
+  void* p = a.malloc(1000, &h);
+  auto segs = a.snapshot();
+  ASSERT_EQ(segs.size(), 1u);
+  EXPECT_EQ(tag_of(segs[0].context), 1);
+  ASSERT_GE(segs[0].blocks.size(), 1u);
+  EXPECT_EQ(tag_of(segs[0].blocks[0].context), 1);  // the live block keeps its stack
+  a.free(h);
+  a.empty_cache();
+  EXPECT_THROW(a.malloc(128 * MiB, &h), rt::Error);
+  const auto t = a.trace();
+  std::vector<Action> actions;
+  for (const auto& e : t) actions.push_back(e.action);
+  EXPECT_EQ(actions, (std::vector<Action>{Action::kSegmentAlloc, Action::kAlloc, Action::kSnapshot,
+                                          Action::kFreeRequested, Action::kFreeCompleted,
+                                          Action::kSegmentFree, Action::kOom}));
+  EXPECT_EQ(t[1].addr, reinterpret_cast<uintptr_t>(p));
+  EXPECT_EQ(t[1].size, 1024u);
+  EXPECT_EQ(tag_of(t[3].context), 2);   // "all" captures frees too
+  EXPECT_EQ(t[6].size, 128 * MiB);
+  EXPECT_EQ(t[6].device_free, 64 * MiB);
+  EXPECT_GT(t[0].time_us, 0);
+}
+
+TEST(CachingAllocator, HistoryRingKeepsNewestAndOffDropsStacks) {
+  CachingAllocator a(0, 64 * MiB);
+  rt::HistoryOptions o;
+  o.enabled = o.trace = true;
+  o.context = rt::HistoryOptions::Context::kAlloc;
+  o.max_entries = 3;
+  o.capture = &tag_capture;
+  g_next_tag = 0;
+  a.record_history(o);
+  std::vector<void*> hs(4);
+  for (auto& h : hs) a.malloc(4096, &h);
+  auto t = a.trace();
+  ASSERT_EQ(t.size(), 3u);  // segment_alloc + 4 allocs, newest 3 kept in order
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(t[i].action, Action::kAlloc);
+  EXPECT_EQ(tag_of(t[0].context), 2);
+  EXPECT_EQ(tag_of(t[2].context), 4);
+  a.free(hs[0]);  // "alloc" context: frees carry no stack
+  t = a.trace();
+  EXPECT_EQ(t.back().action, Action::kFreeCompleted);
+  EXPECT_EQ(tag_of(t.back().context), 0);
+  rt::HistoryOptions off;
+  a.record_history(off);
+  EXPECT_TRUE(a.trace().empty());
+  for (const auto& s : a.snapshot())
+    for (const auto& b : s.blocks) EXPECT_EQ(b.context, nullptr);
+  for (size_t i = 1; i < hs.size(); ++i) a.free(hs[i]);
+  EXPECT_TRUE(a.trace().empty());
+}
