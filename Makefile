@@ -21,12 +21,13 @@ all: build
 $(PYTHON):
 	$(PY) -m venv $(VENV)
 
-# Debian packages the build uses: googletest (runtime suite) and ccache.
+# Debian packages the build and tests use: googletest (runtime suite), ccache,
+# and tmux (neuron-top is tested in a terminal, as a user runs it).
 $(SYS_STAMP): | $(PYTHON)
-	@if [ ! -f /usr/include/gtest/gtest.h ] || ! command -v ccache >/dev/null; then \
+	@if [ ! -f /usr/include/gtest/gtest.h ] || ! command -v ccache >/dev/null || ! command -v tmux >/dev/null; then \
 	  if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libgtest-dev ccache >/dev/null; \
-	  else echo "please install libgtest-dev and ccache (Debian packages)"; exit 1; fi; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libgtest-dev ccache tmux >/dev/null; \
+	  else echo "please install libgtest-dev, ccache and tmux (Debian packages)"; exit 1; fi; \
 	fi
 	touch $@
 

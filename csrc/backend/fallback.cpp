@@ -274,6 +274,28 @@ bool same_layout(c10::IntArrayRef sizes_a, c10::IntArrayRef strides_a, c10::IntA
   return true;
 }
 
+// Times an op the host runs inline on a queue's behalf, for the profiler and
+// the device counters (a failure is reported as such, then propagates).
+class InlineRun {
+ public:
+  InlineRun(rt::Queue& q, const char* name) : q_(q), name_(name), start_(rt::now_ns()) {}
+  void done() {
+    q_.report_inline(name_, start_, rt::now_ns(), false);
+    done_ = true;
+  }
+  ~InlineRun() {
+    if (!done_) q_.report_inline(name_, start_, rt::now_ns(), true);
+  }
+  InlineRun(const InlineRun&) = delete;
+  InlineRun& operator=(const InlineRun&) = delete;
+
+ private:
+  rt::Queue& q_;
+  const char* name_;
+  int64_t start_;
+  bool done_ = false;
+};
+
 // `predicted`: the meta kernel's geometry for resized out= arguments; the
 // CPU kernel's result tells whether it can be trusted for this op.
 void sync_path(OpAnalysis& a, c10::Stack* stack, c10::DeviceIndex d,
@@ -295,7 +317,9 @@ void sync_path(OpAnalysis& a, c10::Stack* stack, c10::DeviceIndex d,
   std::vector<c10::IValue> originals(args.begin(), args.end());
   {
     at::AutoDispatchBelowADInplaceOrView below;
+    InlineRun run(q, a.name.c_str());
     a.op.redispatchBoxed(kCPUKeys, &cpu);
+    run.done();
   }
   // Written arguments the CPU kernel resized (out= with data-dependent
   // shapes) moved to host memory: bring the result back to the device.
@@ -535,7 +559,9 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::Stack* stack) {
       translate([&] { q.synchronize(); });
       try {
         k->set_validating(true);
+        InlineRun run(q, a.name.c_str());
         k->execute();
+        run.done();
         a.mark_validated(dtype_key);
         mr->dtypes_validated.store(true, std::memory_order_relaxed);
       } catch (const MetaMismatch&) {

@@ -113,7 +113,12 @@ const char* action_name(rt::TraceEntry::Action a) {
 // of c10's CUDA allocator snapshot. Streams: blocks are not tied to a stream
 // here (queued kernels keep their operands alive), so stream is 0.
 py::dict snapshot(int device) {
-  rt::CachingAllocator& a = runtime_device(device).allocator();
+  rt::Device& dev = runtime_device(device);
+  // Memory used by queued kernels is freed when they finish: let the work
+  // issued so far complete, so the snapshot shows the program's state at
+  // this call. Errors stay for the user's next synchronize.
+  for (rt::Queue* q : dev.live_queues()) q->wait_idle();
+  rt::CachingAllocator& a = dev.allocator();
   const std::vector<rt::SegmentInfo> segs = a.snapshot();
   const std::vector<rt::TraceEntry> trace = a.trace();
   Symbolizer sym;

@@ -4,6 +4,9 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <chrono>
+#include <thread>
+
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <c10/core/CachingDeviceAllocator.h>
 #include <torch/csrc/Event.h>
@@ -130,9 +133,18 @@ PYBIND11_MODULE(_C, m) {
     py::gil_scoped_release nogil;
     return a.elapsedTime(b);
   });
+  m.def("_sleep", [](double ms) {
+    const auto d = current_device();
+    translate([&] {
+      current_queue(d).launch(std::make_unique<rt::FunctionKernel>("neuron::sleep", [ms] {
+        std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(ms));
+      }));
+    });
+  });
   m.def("_stream_priority", [](int64_t stream_id) { return rt::Device::priority_of(static_cast<uint64_t>(stream_id)); });
   m.def("_physical_cores", [] { return rt::config().visible; });
   m.def("_sim_cores", [] { return rt::config().sim_cores; });
+  m.def("_sim_hbm_bytes", [] { return rt::config().hbm_bytes; });
 
   m.def("_memory_stats", [](int d) { return memory_stats(d); });
   bind_memory_snapshot(m);

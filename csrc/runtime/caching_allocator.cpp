@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "runtime/error.h"
+#include "runtime/telemetry.h"
 
 namespace neuronx::rt {
 
@@ -50,6 +51,13 @@ size_t CachingAllocator::round_size(size_t n) {
 void CachingAllocator::update_stats(bool small, StatArray AllocatorStats::*field, int64_t n) {
   (stats_.*field)[kAggregate].add(n);
   (stats_.*field)[small ? kSmallPool : kLargePool].add(n);
+  if (field != &AllocatorStats::allocated_bytes && field != &AllocatorStats::reserved_bytes) return;
+  if (telemetry::CoreCounters* t = telemetry::core(device_)) {
+    const Stat& a = stats_.allocated_bytes[kAggregate];
+    t->allocated.store(static_cast<uint64_t>(a.current), std::memory_order_relaxed);
+    t->peak_allocated.store(static_cast<uint64_t>(a.peak), std::memory_order_relaxed);
+    t->reserved.store(static_cast<uint64_t>(stats_.reserved_bytes[kAggregate].current), std::memory_order_relaxed);
+  }
 }
 
 CachingAllocator::Block* CachingAllocator::find_free(Pool& pool, size_t size) {

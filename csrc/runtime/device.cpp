@@ -1,5 +1,7 @@
 #include "runtime/device.h"
 
+#include "runtime/telemetry.h"
+
 #include <pthread.h>
 
 #include <atomic>
@@ -99,7 +101,12 @@ Device& device(int index) {
   Registry& r = registry();
   std::call_once(r.once, [&] {
     const Config& c = config();
+    telemetry::publish(static_cast<int>(c.visible.size()));
     for (size_t i = 0; i < c.visible.size(); ++i) {
+      if (telemetry::CoreCounters* t = telemetry::core(static_cast<int>(i))) {
+        t->capacity.store(c.hbm_bytes, std::memory_order_relaxed);
+        t->physical_core.store(c.visible[i], std::memory_order_relaxed);
+      }
       r.devices.push_back(std::make_unique<Device>(static_cast<int>(i), c.visible[i], c.hbm_bytes));
       CachingAllocator& a = r.devices.back()->allocator();
       if (c.memory_fraction > 0) a.set_limit(static_cast<size_t>(c.memory_fraction * static_cast<double>(c.hbm_bytes)));

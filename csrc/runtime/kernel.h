@@ -2,6 +2,7 @@
 // What a queue executes. The runtime sees a kernel as a named unit of work;
 // the layer above subclasses it with the op and its operands, so queued work
 // stays inspectable (the adaptive-eager tier reads it before it runs).
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <utility>
@@ -15,6 +16,10 @@ class Kernel {
   virtual const char* name() const = 0;
   // Where the host enqueued this kernel ("file.py:12"), if the caller knows.
   std::string origin;
+  // Set at launch while a task observer is installed (profiling): the
+  // launching host op's tag (its profiler correlation id) and the enqueue time.
+  uint64_t correlation = 0;
+  int64_t enqueue_ns = 0;
 };
 
 // A kernel from a callable; used for copies, markers and tests.

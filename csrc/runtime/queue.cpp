@@ -1,5 +1,7 @@
 #include "runtime/queue.h"
 
+#include "runtime/telemetry.h"
+
 #include <algorithm>
 
 #include "runtime/config.h"
@@ -9,6 +11,7 @@ namespace neuronx::rt {
 namespace {
 
 std::atomic<TaskObserver> g_observer{nullptr};
+std::atomic<LaunchTagFn> g_launch_tag{nullptr};
 
 std::mutex& engines_mu() {
   static auto* m = new std::mutex;
@@ -21,7 +24,10 @@ std::vector<Engine*>& engines() {
 
 }  // namespace
 
-void set_task_observer(TaskObserver fn) { g_observer.store(fn); }
+void set_task_observer(TaskObserver fn, LaunchTagFn tag) {
+  g_launch_tag.store(tag);
+  g_observer.store(fn);
+}
 
 namespace {
 BlockingHooks g_hooks;
@@ -61,7 +67,8 @@ uint64_t Queue::submit(Task&& t) {
   t.seq = ++submitted_;
   uint64_t seq = t.seq;
   tasks_.push_back(std::move(t));
-  engine_->pending_.fetch_add(1, std::memory_order_release);
+  const uint64_t queued = engine_->pending_.fetch_add(1, std::memory_order_release) + 1;
+  if (telemetry::CoreCounters* c = telemetry::core(device_)) c->queued.store(queued, std::memory_order_relaxed);
   if (engine_->idle_) {
     lk.unlock();
     engine_->work_cv_.notify_one();
@@ -70,11 +77,26 @@ uint64_t Queue::submit(Task&& t) {
 }
 
 void Queue::launch(std::unique_ptr<Kernel> k) {
+  if (g_observer.load(std::memory_order_relaxed)) {
+    k->enqueue_ns = now_ns();
+    if (LaunchTagFn tag = g_launch_tag.load(std::memory_order_relaxed)) k->correlation = tag();
+  }
   Task t;
   t.kind = Task::Kind::kKernel;
   t.kernel = std::move(k);
   submit(std::move(t));
   if (config().launch_blocking) synchronize();
+}
+
+void Queue::report_inline(const char* name, int64_t start_ns, int64_t end_ns, bool failed) {
+  if (telemetry::CoreCounters* c = telemetry::core(device_)) {
+    c->kernels.fetch_add(1, std::memory_order_relaxed);
+    c->busy_ns.fetch_add(static_cast<uint64_t>(end_ns - start_ns), std::memory_order_relaxed);
+  }
+  if (TaskObserver obs = g_observer.load(std::memory_order_relaxed)) {
+    LaunchTagFn tag = g_launch_tag.load(std::memory_order_relaxed);
+    obs(TaskRecord{name, device_, id_, start_ns, start_ns, end_ns, failed, false, tag ? tag() : 0});
+  }
 }
 
 void Queue::record(std::shared_ptr<Event> e, uint64_t version) {
@@ -248,7 +270,9 @@ void Engine::loop() {
     q->tasks_.pop_front();
     q->running_ = true;
     q->last_served_ = ++tick_;
-    pending_.fetch_sub(1, std::memory_order_acq_rel);
+    const uint64_t queued = pending_.fetch_sub(1, std::memory_order_acq_rel) - 1;
+    telemetry::CoreCounters* counters = telemetry::core(device_);
+    if (counters) counters->queued.store(queued, std::memory_order_relaxed);
     std::shared_ptr<const TaskError> poisoned = q->error_;
     lk.unlock();
 
@@ -293,8 +317,13 @@ void Engine::loop() {
         break;  // picked only once the event was reached
     }
     const int64_t end = now_ns();
+    if (counters) {
+      counters->busy_ns.fetch_add(static_cast<uint64_t>(end - start), std::memory_order_relaxed);
+      if (task.kind == Task::Kind::kKernel) counters->kernels.fetch_add(1, std::memory_order_relaxed);
+    }
     if (TaskObserver obs = g_observer.load(std::memory_order_relaxed); obs && task.kind == Task::Kind::kKernel)
-      obs(TaskRecord{task.kernel->name(), device_, q->id_, 0, start, end, failed, skipped});
+      obs(TaskRecord{task.kernel->name(), device_, q->id_, task.kernel->enqueue_ns, start, end, failed, skipped,
+                    task.kernel->correlation});
     // Release operands (device buffers) before reporting completion, so a
     // synchronize() that returns sees the memory already back in the pool.
     task.kernel.reset();

@@ -37,16 +37,20 @@ struct Task {
   uint64_t seq = 0;
 };
 
-// Per-task timing, delivered to an observer (the profiler) when one is set.
+// Per-kernel timing, delivered to an observer (the profiler) when one is set.
+// Times are now_ns() (steady clock); name lives only during the call.
 struct TaskRecord {
   const char* name;
   int device;
   uint64_t queue_id;
   int64_t enqueue_ns, start_ns, end_ns;
   bool failed, skipped;
+  uint64_t correlation;  // what the launch tag function returned on the host
 };
 using TaskObserver = void (*)(const TaskRecord&);
-void set_task_observer(TaskObserver fn);
+// Called on the launching thread for each kernel while an observer is set.
+using LaunchTagFn = uint64_t (*)();
+void set_task_observer(TaskObserver fn, LaunchTagFn tag = nullptr);
 
 // Host threads that block on the device (synchronize) may hold a lock the
 // layer above owns (Python's GIL) that a finishing kernel needs to release
@@ -85,6 +89,10 @@ class Queue {
   void launch(std::unique_ptr<Kernel> k);
   void record(std::shared_ptr<Event> e, uint64_t version);
   void wait(std::shared_ptr<Event> e, uint64_t version);
+
+  // Work the host ran itself on this queue's behalf (after synchronizing it):
+  // reported to the observer and the counters like an executed kernel.
+  void report_inline(const char* name, int64_t start_ns, int64_t end_ns, bool failed);
 
   void synchronize();   // waits for everything submitted so far; reports errors
   void wait_idle();     // waits likewise but leaves any error for the next synchronize()

@@ -123,6 +123,14 @@ def synchronize(device: _DeviceLike = None) -> None:
     _C._synchronize(_device_index(device))
 
 
+def _sleep(milliseconds: float) -> None:
+    """Queue a kernel that keeps the current stream busy for ``milliseconds`` (like
+    ``torch.cuda._sleep``): a known-length kernel for tests of streams, events and the profiler."""
+    if not 0 <= milliseconds <= 60_000:
+        raise ValueError(f"_sleep: milliseconds must be in [0, 60000], got {milliseconds}")
+    _C._sleep(float(milliseconds))
+
+
 def get_device_name(device: _DeviceLike = None) -> str:
     return get_device_properties(device).name
 

@@ -108,7 +108,8 @@ def _record_memory_history(enabled: Optional[str] = "all", context: Optional[str
 
 
 def _snapshot(device=None) -> Dict[str, Any]:
-    """The allocator state and recorded history in ``torch.cuda.memory._snapshot()`` format:
+    """The allocator state and recorded history in ``torch.cuda.memory._snapshot()`` format,
+    taken once the work queued so far has completed:
     ``{"segments": [...], "device_traces": [[...] per device]}``, readable by
     ``torch.cuda._memory_viz`` and https://pytorch.org/memory_viz.
 

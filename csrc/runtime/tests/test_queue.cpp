@@ -358,7 +358,7 @@ TEST(QueueErrors, ObserverSeesFailedAndSkipped) {
     std::lock_guard<std::mutex> g(g_obs_mu);
     g_obs.clear();
   }
-  rt::set_task_observer(&observe);
+  rt::set_task_observer(&observe, [] { return uint64_t{77}; });
   {
     Rig rig(6);
     rt::Queue& q = rig.add(4242);
@@ -381,7 +381,30 @@ TEST(QueueErrors, ObserverSeesFailedAndSkipped) {
   for (auto& r : g_obs) {
     EXPECT_EQ(r.device, 6);
     EXPECT_LE(r.start_ns, r.end_ns);
+    EXPECT_GT(r.enqueue_ns, 0);
+    EXPECT_LE(r.enqueue_ns, r.start_ns);
+    EXPECT_EQ(r.correlation, 77u);  // the launch tag, taken on the launching thread
   }
+}
+
+TEST(QueueErrors, InlineWorkIsReportedLikeAKernel) {
+  {
+    std::lock_guard<std::mutex> g(g_obs_mu);
+    g_obs.clear();
+  }
+  rt::set_task_observer(&observe, [] { return uint64_t{5}; });
+  {
+    Rig rig(6);
+    rt::Queue& q = rig.add(4242);
+    q.report_inline("host_op", 100, 250, false);
+  }
+  rt::set_task_observer(nullptr);
+  std::lock_guard<std::mutex> g(g_obs_mu);
+  ASSERT_EQ(g_obs.size(), 1u);
+  EXPECT_STREQ(g_obs[0].name, "host_op");
+  EXPECT_EQ(g_obs[0].start_ns, 100);
+  EXPECT_EQ(g_obs[0].end_ns, 250);
+  EXPECT_EQ(g_obs[0].correlation, 5u);
 }
 
 // ---------------------------------------------------------------- concurrency

@@ -1,0 +1,1 @@
+"""Device tools: ``neuron-ls`` and ``neuron-top`` (console scripts)."""
