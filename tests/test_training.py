@@ -84,3 +84,34 @@ def test_bf16_autocast_transformer_training_matches_cpu_autocast():
         losses[device] = out
     assert losses["neuron"][-1] < losses["neuron"][0]
     torch.testing.assert_close(torch.tensor(losses["neuron"]), torch.tensor(losses["cpu"]), rtol=1e-3, atol=1e-3)
+
+
+def test_bf16_autocast_nanogpt_training_matches_cpu_autocast(monkeypatch):
+    """The benchmark's nanoGPT decoder (small config), 5 AdamW steps under bf16 autocast."""
+    spec = importlib.util.spec_from_file_location(
+        "bench_run", pathlib.Path(__file__).resolve().parents[1] / "bench" / "run.py")
+    bench = importlib.util.module_from_spec(spec)
+    with monkeypatch.context() as m:  # the harness sets an Inductor variable at import
+        m.setenv("TORCHINDUCTOR_FORCE_DISABLE_CACHES", "1")
+        spec.loader.exec_module(bench)
+    losses = {}
+    for device in ("cpu", "neuron"):
+        torch.manual_seed(0)
+        model = bench.NanoGPT(vocab=512, d=64, layers=2, heads=4, seq=64).to(device)
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        g = torch.Generator().manual_seed(1)
+        x = torch.randint(0, 512, (4, 64), generator=g).to(device)
+        y = torch.randint(0, 512, (4, 64), generator=g).to(device)
+        out = []
+        for _ in range(5):
+            with torch.autocast(device, dtype=torch.bfloat16):
+                logits = model(x)
+                loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            out.append(loss.item())
+        assert logits.dtype == torch.bfloat16
+        losses[device] = out
+    assert losses["neuron"][-1] < losses["neuron"][0]
+    torch.testing.assert_close(torch.tensor(losses["neuron"]), torch.tensor(losses["cpu"]), rtol=2e-3, atol=2e-3)
