@@ -37,6 +37,10 @@ def _register():
 
 _register()
 
+from . import distributed as _distributed  # noqa: E402
+
+_distributed._register()
+
 
 def metrics():
     """Per-op dispatch counts on neuron, by execution path, and host synchronization points.

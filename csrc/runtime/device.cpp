@@ -11,7 +11,14 @@ namespace neuronx::rt {
 
 Device::Device(int index, int physical, size_t hbm)
     : index_(index), physical_(physical), allocator_(index, hbm),
-      compute_(index, "neuron:" + std::to_string(index) + "/compute") {}
+      compute_(index, "neuron:" + std::to_string(index) + "/compute"),
+      collectives_(index, "neuron:" + std::to_string(index) + "/collectives") {}
+
+Queue& Device::collective_queue() {
+  std::lock_guard<std::mutex> g(mu_);
+  if (!collective_) collective_ = std::make_unique<Queue>(&collectives_, index_, kCollectiveQueueId, 0);
+  return *collective_;
+}
 
 bool Device::valid_stream_id(uint64_t id) { return id < 1 + kPriorityLevels * kPoolSize; }
 
@@ -39,6 +46,7 @@ std::vector<Queue*> Device::live_queues() {
   std::vector<Queue*> out;
   for (auto& q : queues_)
     if (q) out.push_back(q.get());
+  if (collective_) out.push_back(collective_.get());
   return out;
 }
 

@@ -30,6 +30,10 @@ class Device {
   // queues (level 0: priority 0, level 1: priority -1).
   Queue& queue(uint64_t id);
   Queue& default_queue() { return queue(0); }
+  // The queue collectives run on, served by its own engine (a "collective
+  // core") so that communication overlaps compute. Not a user stream.
+  static constexpr uint64_t kCollectiveQueueId = 1 + kPriorityLevels * kPoolSize;
+  Queue& collective_queue();
   uint64_t next_pool_stream(int priority);
   static bool valid_stream_id(uint64_t id);
   static int priority_of(uint64_t id);
@@ -43,10 +47,12 @@ class Device {
   CachingAllocator allocator_;
   std::mutex mu_;
   std::array<std::unique_ptr<Queue>, 1 + kPriorityLevels * kPoolSize> queues_;
+  std::unique_ptr<Queue> collective_;
   std::array<std::atomic<uint32_t>, kPriorityLevels> next_{};
-  // Declared last so it is destroyed first: the engine's worker drains and
+  // Declared last so they are destroyed first: an engine's worker drains and
   // walks the queues above (and frees into allocator_) until it is joined.
   Engine compute_;
+  Engine collectives_;
 };
 
 // Process-wide registry. Throws rt::Error with the configuration problem if

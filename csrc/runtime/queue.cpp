@@ -67,8 +67,8 @@ uint64_t Queue::submit(Task&& t) {
   t.seq = ++submitted_;
   uint64_t seq = t.seq;
   tasks_.push_back(std::move(t));
-  const uint64_t queued = engine_->pending_.fetch_add(1, std::memory_order_release) + 1;
-  if (telemetry::CoreCounters* c = telemetry::core(device_)) c->queued.store(queued, std::memory_order_relaxed);
+  engine_->pending_.fetch_add(1, std::memory_order_release);
+  if (telemetry::CoreCounters* c = telemetry::core(device_)) c->queued.fetch_add(1, std::memory_order_relaxed);
   if (engine_->idle_) {
     lk.unlock();
     engine_->work_cv_.notify_one();
@@ -270,9 +270,10 @@ void Engine::loop() {
     q->tasks_.pop_front();
     q->running_ = true;
     q->last_served_ = ++tick_;
-    const uint64_t queued = pending_.fetch_sub(1, std::memory_order_acq_rel) - 1;
+    pending_.fetch_sub(1, std::memory_order_acq_rel);
+    // Both engines of a device (compute, collectives) count into its counters.
     telemetry::CoreCounters* counters = telemetry::core(device_);
-    if (counters) counters->queued.store(queued, std::memory_order_relaxed);
+    if (counters) counters->queued.fetch_sub(1, std::memory_order_relaxed);
     std::shared_ptr<const TaskError> poisoned = q->error_;
     lk.unlock();
 

@@ -1,0 +1,62 @@
+// Python bindings of the neuron c10d backend (torch_neuronx._C._distributed).
+#include <pybind11/chrono.h>
+#include <pybind11/pybind11.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <algorithm>
+
+#include "distributed/process_group_neuron.h"
+
+namespace py = pybind11;
+
+namespace neuronx::distributed {
+
+void bind(py::module& parent) {
+  // The base class is torch's binding of c10d::Backend: make sure it is loaded.
+  py::module::import("torch._C._distributed_c10d");
+  py::module m = parent.def_submodule("_distributed", "c10d backend 'neuron'");
+  py::class_<ProcessGroupNeuron, c10d::Backend, c10::intrusive_ptr<ProcessGroupNeuron>>(m, "ProcessGroupNeuron")
+      .def(py::init([](const c10::intrusive_ptr<c10d::Backend>& transport, int rank, int size,
+                       std::chrono::milliseconds timeout) {
+             return c10::make_intrusive<ProcessGroupNeuron>(transport, rank, size, timeout);
+           }),
+           py::arg("transport"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
+           py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("transport", &ProcessGroupNeuron::transport)
+      // NCCL's split needs every parent rank; a new transport needs only the members.
+      .def("perform_nocolor_split", [](ProcessGroupNeuron&, const c10::Device&) {})
+      // split_group copies the parent's Python-side options; ours has none beyond
+      // the timeout, which split() takes from getBackendOptions().
+      .def_property_readonly("options", [](ProcessGroupNeuron&) { return py::none(); });
+}
+
+// Creates the transport of a subgroup (Gloo, through its Python constructor:
+// the Gloo headers are not part of the torch wheel).
+c10::intrusive_ptr<c10d::Backend> ProcessGroupNeuron::split(const c10::intrusive_ptr<c10d::Store>& store,
+                                                            const std::vector<int>& ranks,
+                                                            const c10::intrusive_ptr<Options>& opts) {
+  // One backend serves both device types of the group (neuron and cpu), and
+  // the parent's splitGroup may ask each of them: the second call for the
+  // same split (same store) returns the first result instead of creating a
+  // second transport on the same store keys.
+  std::lock_guard<std::mutex> g(split_mu_);
+  if (last_split_store_.get() == store.get() && last_split_ranks_ == ranks) return last_split_;
+  const auto it = std::find(ranks.begin(), ranks.end(), getRank());
+  if (it == ranks.end()) return nullptr;
+  const int rank = static_cast<int>(it - ranks.begin());
+  const int size = static_cast<int>(ranks.size());
+  const auto timeout = opts ? opts->timeout : timeout_;
+  c10::intrusive_ptr<c10d::Backend> transport;
+  {
+    py::gil_scoped_acquire gil;
+    py::module dist = py::module::import("torch.distributed");
+    py::object prefixed = dist.attr("PrefixStore")("neuron_transport/", store);
+    transport = dist.attr("ProcessGroupGloo")(prefixed, rank, size, timeout).cast<c10::intrusive_ptr<c10d::Backend>>();
+  }
+  last_split_store_ = store;
+  last_split_ranks_ = ranks;
+  last_split_ = c10::make_intrusive<ProcessGroupNeuron>(transport, rank, size, timeout);
+  return last_split_;
+}
+
+}  // namespace neuronx::distributed

@@ -1,0 +1,692 @@
+#include "distributed/process_group_neuron.h"
+
+#include <ATen/ops/empty.h>
+#include <torch/csrc/distributed/c10d/exception.h>
+
+#include <condition_variable>
+#include <mutex>
+
+#include "backend/common.h"
+#include "backend/tensor_views.h"
+#include "runtime/event.h"
+
+namespace neuronx::distributed {
+
+namespace {
+
+bool on_neuron(const at::Tensor& t) { return t.defined() && t.device().type() == kNeuron; }
+
+std::vector<at::Tensor> flatten(const std::vector<std::vector<at::Tensor>>& lists) {
+  std::vector<at::Tensor> out;
+  for (const auto& l : lists) out.insert(out.end(), l.begin(), l.end());
+  return out;
+}
+
+std::vector<at::Tensor> host(const std::vector<at::Tensor>& ts) {
+  std::vector<at::Tensor> out;
+  out.reserve(ts.size());
+  // Fresh TensorImpls (no Python object): the transport may drop its last
+  // reference on its own threads, even while the interpreter shuts down.
+  for (const auto& t : ts) out.push_back(on_neuron(t) ? cpu_alias(t) : t.alias());
+  return out;
+}
+
+std::vector<std::vector<at::Tensor>> host(const std::vector<std::vector<at::Tensor>>& lists) {
+  std::vector<std::vector<at::Tensor>> out;
+  out.reserve(lists.size());
+  for (const auto& l : lists) out.push_back(host(l));
+  return out;
+}
+
+// What every tensor of one collective call must satisfy, checked on the
+// calling thread so a bad call raises there, on the rank that made it.
+enum class Placement { kNeuron, kCpu };
+Placement check_tensors(const char* name, const std::vector<at::Tensor>& ts, c10::DeviceIndex* device) {
+  bool any_neuron = false, any_cpu = false;
+  for (const auto& t : ts) {
+    TORCH_CHECK_VALUE(t.defined(), name, ": got an undefined tensor");
+    if (on_neuron(t)) any_neuron = true;
+    else if (t.is_cpu()) any_cpu = true;
+    else TORCH_CHECK_VALUE(false, name, ": the neuron backend takes neuron (or CPU) tensors, got one on ", t.device());
+  }
+  TORCH_CHECK_VALUE(!(any_neuron && any_cpu), name,
+                    ": got a mix of neuron and CPU tensors; move them to one device first");
+  if (!any_neuron) {
+    *device = current_device();
+    return Placement::kCpu;
+  }
+  *device = -1;
+  for (const auto& t : ts) {
+    TORCH_CHECK_VALUE(t.layout() == c10::kStrided, name, ": sparse neuron tensors are not supported by collectives");
+    TORCH_CHECK_VALUE(t.is_non_overlapping_and_dense(), name,
+                      ": neuron collectives need dense tensors; call .contiguous() first");
+    if (*device < 0) *device = t.device().index();
+    TORCH_CHECK_VALUE(t.device().index() == *device, name, ": tensors are on neuron:", *device, " and ", t.device(),
+                      "; one collective runs on one device");
+  }
+  return Placement::kNeuron;
+}
+
+// The transport has no AVG or PREMUL_SUM: they become SUM with a scaling
+// step before (PREMUL_SUM) or after (AVG) the transfer.
+c10d::ReduceOp transport_op(const c10d::ReduceOp& op) {
+  if (op == c10d::ReduceOp::AVG || op == c10d::ReduceOp::PREMUL_SUM) return c10d::ReduceOp(c10d::ReduceOp::SUM);
+  return op;
+}
+
+void premultiply(const c10d::ReduceOp& op, at::Tensor& t) {
+  if (op != c10d::ReduceOp::PREMUL_SUM) return;
+  auto* s = dynamic_cast<c10d::PreMulSumSupplement*>(op.supplement_.get());
+  TORCH_CHECK(s, "PREMUL_SUM without a factor");
+  if (s->tensor_factor.defined()) {
+    const at::Tensor f = on_neuron(s->tensor_factor) ? cpu_alias(s->tensor_factor) : s->tensor_factor;
+    t.mul_(f.to(t.scalar_type()));
+  } else {
+    t.mul_(s->double_factor);
+  }
+}
+
+void average(const c10d::ReduceOp& op, at::Tensor& t, int size) {
+  if (op != c10d::ReduceOp::AVG) return;
+  if (c10::isIntegralType(t.scalar_type(), /*includeBool=*/true)) t.div_(size, "trunc");
+  else t.div_(size);
+}
+
+struct CollectiveState {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  // Point-to-point: the transport operation once issued (it completes on its own).
+  bool issued = false;
+  c10::intrusive_ptr<c10d::Work> transport;
+  std::exception_ptr error;
+  std::string message;
+  int source_rank = -1;
+
+  void finish(std::exception_ptr e, std::string msg, int src) {
+    {
+      std::lock_guard<std::mutex> g(mu);
+      done = true;
+      error = std::move(e);
+      message = std::move(msg);
+      source_rank = src;
+    }
+    cv.notify_all();
+  }
+};
+
+// What a rank is about to run, exchanged before the data so that ranks that
+// call different collectives (or the same with different sizes) get an error
+// on every rank instead of a transport that aborts the process.
+struct Fingerprint {
+  int64_t op = 0, dtype = -1, numel = 0, root = -1, reduce = -1;
+  static constexpr int64_t kFields = 6, kMagic = 0x4e4e5843;  // "NNXC"
+  std::string describe(const char* name) const {
+    std::string s = name;
+    if (dtype >= 0) s += " of " + std::to_string(numel) + " " + c10::toString(static_cast<c10::ScalarType>(dtype)) +
+                         " elements";
+    if (root >= 0) s += " (root " + std::to_string(root) + ")";
+    if (reduce >= 0) s += " (reduce op " + std::to_string(reduce) + ")";
+    return s;
+  }
+};
+
+Fingerprint fingerprint(c10d::OpType type, const std::vector<at::Tensor>& key, int64_t root = -1, int reduce = -1) {
+  Fingerprint f;
+  f.op = static_cast<int64_t>(type);
+  f.root = root;
+  f.reduce = reduce;
+  if (!key.empty()) f.dtype = static_cast<int64_t>(key[0].scalar_type());
+  for (const auto& t : key) f.numel += t.numel();
+  return f;
+}
+
+// Allgathers the fingerprints (fixed size, so this exchange itself cannot
+// mismatch) and throws the same description of the mismatch on every rank.
+void check_fingerprints(c10d::Backend& g, const Fingerprint& f, const char* name, std::vector<std::string>* names) {
+  const int n = g.getSize();
+  at::Tensor mine = at::empty({Fingerprint::kFields}, at::kLong);
+  auto* m = mine.data_ptr<int64_t>();
+  m[0] = Fingerprint::kMagic, m[1] = f.op, m[2] = f.dtype, m[3] = f.numel, m[4] = f.root, m[5] = f.reduce;
+  at::Tensor all = at::empty({n * Fingerprint::kFields}, at::kLong);
+  g._allgather_base(all, mine)->wait();
+  const int64_t* a = all.data_ptr<int64_t>();
+  bool same = true;
+  for (int r = 1; r < n && same; ++r)
+    same = std::equal(a, a + Fingerprint::kFields, a + r * Fingerprint::kFields);
+  if (same) return;
+  std::string msg = "collective mismatch: the ranks called different collectives or sizes:";
+  for (int r = 0; r < n; ++r) {
+    const int64_t* x = a + r * Fingerprint::kFields;
+    Fingerprint o{x[1], x[2], x[3], x[4], x[5]};
+    const auto op = static_cast<c10d::OpType>(o.op);
+    msg += "\n  rank " + std::to_string(r) + ": " + o.describe(c10d::opTypeToString(op).c_str());
+  }
+  (void)name, (void)names;
+  throw std::runtime_error(msg + "\nEvery rank must make the same collective calls in the same order.");
+}
+
+class NeuronWork final : public c10d::Work {
+ public:
+  NeuronWork(int rank, c10d::OpType type, const char* name, std::shared_ptr<CollectiveState> state,
+             std::shared_ptr<rt::Event> done, c10::DeviceIndex device, bool on_host,
+             std::vector<at::Tensor> outputs, c10::intrusive_ptr<c10::ivalue::Future> future)
+      : c10d::Work(rank, type, name),
+        state_(std::move(state)),
+        done_(std::move(done)),
+        device_(device),
+        on_host_(on_host),
+        outputs_(std::move(outputs)),
+        future_(std::move(future)) {}
+
+  bool isCompleted() override {
+    std::lock_guard<std::mutex> g(state_->mu);
+    return state_->done || (state_->issued && state_->transport->isCompleted());
+  }
+  bool isSuccess() const override {
+    std::lock_guard<std::mutex> g(state_->mu);
+    return state_->done && !state_->error;
+  }
+  std::exception_ptr exception() const override {
+    std::lock_guard<std::mutex> g(state_->mu);
+    return state_->error;
+  }
+  int sourceRank() const override {
+    std::lock_guard<std::mutex> g(state_->mu);
+    return state_->source_rank;
+  }
+  std::vector<at::Tensor> result() override { return outputs_; }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+
+  // The caller's current stream waits for the collective; a failed collective
+  // fails that stream (its next synchronization raises the error).
+  void synchronize() override {
+    if (p2p()) {
+      wait_p2p(kNoTimeout);
+      return;
+    }
+    rt::Queue& q = current_queue(device_);
+    translate([&] {
+      done_->block(q);
+      q.launch(std::make_unique<rt::FunctionKernel>("c10d::wait", [state = state_] {
+        std::lock_guard<std::mutex> g(state->mu);
+        if (state->error) throw std::runtime_error(state->message);
+      }));
+    });
+  }
+
+  bool wait(std::chrono::milliseconds timeout) override {
+    if (p2p()) return wait_p2p(timeout);
+    // A barrier is a host synchronization point; so is a wait with a timeout,
+    // and so is a collective on CPU tensors.
+    if (on_host_ || retrieveOpType() == c10d::OpType::BARRIER || timeout != kNoTimeout) host_wait(timeout);
+    {
+      std::lock_guard<std::mutex> g(state_->mu);
+      if (state_->done && state_->error) throw_error();
+    }
+    if (!on_host_) synchronize();
+    return true;
+  }
+
+ private:
+  bool p2p() const {
+    const auto t = retrieveOpType();
+    return t == c10d::OpType::SEND || t == c10d::OpType::RECV || t == c10d::OpType::RECVANYSOURCE;
+  }
+
+  // Sends and receives are issued by the collective queue without blocking it
+  // (a rank's send and its receive must both be posted for either to finish,
+  // as in batch_isend_irecv); their wait() blocks the host like Gloo's.
+  bool wait_p2p(std::chrono::milliseconds timeout) {
+    c10::intrusive_ptr<c10d::Work> transport;
+    {
+      rt::BlockingScope blocking;
+      std::unique_lock<std::mutex> lk(state_->mu);
+      state_->cv.wait(lk, [&] { return state_->issued || state_->done; });
+      if (state_->done) {
+        if (state_->error) throw_error();
+        return true;
+      }
+      transport = state_->transport;
+    }
+    try {
+      rt::BlockingScope blocking;
+      transport->wait(timeout);
+    } catch (const std::exception& e) {
+      std::string msg = std::string("neuron ") + c10d::opTypeToString(retrieveOpType()) + " failed: " + e.what();
+      auto eptr = std::make_exception_ptr(c10::DistBackendError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, msg));
+      state_->finish(eptr, msg, -1);
+      if (!future_->completed()) future_->setError(eptr);
+      throw_error();
+    }
+    const int src = retrieveOpType() == c10d::OpType::SEND ? -1 : transport->sourceRank();
+    state_->finish(nullptr, "", src);
+    if (!future_->completed()) future_->markCompleted(c10::IValue(outputs_));
+    return true;
+  }
+
+  void host_wait(std::chrono::milliseconds timeout) {
+    rt::BlockingScope blocking;  // releases the GIL while we wait
+    std::unique_lock<std::mutex> lk(state_->mu);
+    if (timeout == kNoTimeout) {
+      state_->cv.wait(lk, [&] { return state_->done; });
+    } else if (!state_->cv.wait_for(lk, timeout, [&] { return state_->done; })) {
+      lk.unlock();
+      C10_THROW_ERROR(DistBackendError, "neuron collective did not complete within the " +
+                                            std::to_string(timeout.count()) + " ms passed to wait()");
+    }
+  }
+  [[noreturn]] void throw_error() const { C10_THROW_ERROR(DistBackendError, state_->message); }
+
+  std::shared_ptr<CollectiveState> state_;
+  std::shared_ptr<rt::Event> done_;
+  c10::DeviceIndex device_;
+  const bool on_host_;  // CPU tensors: wait() blocks until the data is there
+  std::vector<at::Tensor> outputs_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+
+using Issue = std::function<c10::intrusive_ptr<c10d::Work>(c10d::Backend&)>;
+using Post = std::function<void()>;
+
+}  // namespace
+
+ProcessGroupNeuron::ProcessGroupNeuron(c10::intrusive_ptr<c10d::Backend> transport, int rank, int size,
+                                       std::chrono::milliseconds timeout)
+    : c10d::Backend(rank, size), gloo_(std::move(transport)), timeout_(timeout) {
+  TORCH_CHECK_VALUE(gloo_, "ProcessGroupNeuron needs a transport backend");
+  TORCH_CHECK_VALUE(gloo_->getRank() == rank && gloo_->getSize() == size,
+                    "ProcessGroupNeuron: transport is rank ", gloo_->getRank(), " of ", gloo_->getSize(),
+                    ", expected rank ", rank, " of ", size);
+}
+
+c10::intrusive_ptr<c10d::Backend::Options> ProcessGroupNeuron::getBackendOptions() {
+  return c10::make_intrusive<Options>("neuron", timeout_);
+}
+
+rt::Queue& ProcessGroupNeuron::ordering_queue(c10::DeviceIndex d) {
+  int expected = -1;
+  queue_device_.compare_exchange_strong(expected, d);
+  return runtime_device(static_cast<c10::DeviceIndex>(queue_device_.load())).collective_queue();
+}
+
+void ProcessGroupNeuron::setTimeout(std::chrono::milliseconds timeout) {
+  timeout_ = timeout;
+  gloo_->setTimeout(timeout);
+}
+
+namespace {
+
+// Runs one collective on the collective queue of `device`, after the work
+// queued so far on the caller's current stream.
+c10::intrusive_ptr<c10d::Work> run_collective(int rank, const Fingerprint* fp,
+                                              const c10::intrusive_ptr<c10d::Backend>& gloo, rt::Queue& coll,
+                                              c10d::OpType type,
+                                              const char* name, c10::DeviceIndex device, bool on_host,
+                                              std::vector<at::Tensor> keep,
+                                              std::vector<at::Tensor> outputs, Issue issue, Post post) {
+  const bool check = fp != nullptr;
+  const Fingerprint f = fp ? *fp : Fingerprint{};
+  rt::Queue& compute = current_queue(device);
+  auto state = std::make_shared<CollectiveState>();
+  auto future = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
+  auto done = rt::Event::create(/*timing=*/false);
+  translate([&] {
+    auto ready = rt::Event::create(false);
+    ready->record(compute);
+    ready->block(coll);
+    coll.launch(std::make_unique<rt::FunctionKernel>(
+        name, [gloo, type, check, f, issue = std::move(issue), post = std::move(post), state, future, outputs,
+               keep = std::move(keep), name]() mutable {
+          // Never throws: a failure is the collective's result (raised by
+          // wait() and on the streams that wait for it), and the collective
+          // queue stays usable for the collectives that follow.
+          const bool p2p =
+              type == c10d::OpType::SEND || type == c10d::OpType::RECV || type == c10d::OpType::RECVANYSOURCE;
+          try {
+            if (check) check_fingerprints(*gloo, f, name, nullptr);
+            c10::intrusive_ptr<c10d::Work> w = issue(*gloo);
+            if (p2p) {
+              {
+                std::lock_guard<std::mutex> g(state->mu);
+                state->transport = w;
+                state->issued = true;
+              }
+              state->cv.notify_all();
+              return;
+            }
+            if (w) w->wait();
+            if (post) post();
+          } catch (const std::exception& e) {
+            std::string msg = std::string("neuron collective ") + name + " failed: " + e.what();
+            auto eptr = std::make_exception_ptr(c10::DistBackendError(
+                {__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, msg));
+            state->finish(eptr, msg, -1);
+            future->setError(eptr);
+            return;
+          }
+          state->finish(nullptr, "", -1);
+          future->markCompleted(c10::IValue(outputs));
+        }));
+    done->record(coll);
+  });
+  return c10::make_intrusive<NeuronWork>(rank, type, name, state, done, device, on_host, std::move(outputs), future);
+}
+
+void check_reduce_op(const char* name, const c10d::ReduceOp& op, const std::vector<at::Tensor>& ts) {
+  for (const auto& t : ts) {
+    if (op == c10d::ReduceOp::BAND || op == c10d::ReduceOp::BOR || op == c10d::ReduceOp::BXOR)
+      TORCH_CHECK_VALUE(c10::isIntegralType(t.scalar_type(), /*includeBool=*/true), name,
+                        ": bitwise reductions need integer or bool tensors, got ", t.scalar_type());
+    if (op == c10d::ReduceOp::PREMUL_SUM)
+      TORCH_CHECK_VALUE(c10::isFloatingType(t.scalar_type()) || c10::isComplexType(t.scalar_type()), name,
+                        ": PREMUL_SUM needs floating-point tensors, got ", t.scalar_type());
+  }
+}
+
+// All-to-all sizes may differ by rank (uneven splits): only op and dtype must agree.
+Fingerprint unsized(Fingerprint f) {
+  f.numel = 0;
+  return f;
+}
+
+// Inputs of a reduce-scatter are not written by the collective: premultiply a copy.
+std::vector<at::Tensor> premultiplied(const c10d::ReduceOp& op, const std::vector<at::Tensor>& h) {
+  if (op != c10d::ReduceOp::PREMUL_SUM) return h;
+  std::vector<at::Tensor> out;
+  for (const auto& t : h) {
+    at::Tensor c = t.clone();
+    premultiply(op, c);
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+}  // namespace
+
+// CPU tensors take the same path (same queue, so every collective of the
+// group reaches the transport in program order), and their wait() blocks.
+#define NEURON_C10D_PLACE(NAME, ALL)  \
+  c10::DeviceIndex d = -1;            \
+  const bool on_host = check_tensors(NAME, ALL, &d) == Placement::kCpu;
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::broadcast(std::vector<at::Tensor>& tensors,
+                                                             const c10d::BroadcastOptions& opts) {
+  NEURON_C10D_PLACE("broadcast", tensors)
+  auto h = host(tensors);
+  const Fingerprint fp = fingerprint(c10d::OpType::BROADCAST, tensors, opts.rootRank);
+  return run_collective(rank_, &fp, gloo_, ordering_queue(d), c10d::OpType::BROADCAST, "c10d::broadcast", d, on_host, tensors, tensors,
+                        [h, opts](c10d::Backend& g) mutable { return g.broadcast(h, opts); }, nullptr);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::allreduce(std::vector<at::Tensor>& tensors,
+                                                             const c10d::AllreduceOptions& opts) {
+  NEURON_C10D_PLACE("allreduce", tensors)
+  check_reduce_op("allreduce", opts.reduceOp, tensors);
+  auto h = host(tensors);
+  const int size = size_;
+  const Fingerprint fp = fingerprint(c10d::OpType::ALLREDUCE, tensors, -1, opts.reduceOp.op_);
+  return run_collective(
+      rank_, &fp, gloo_, ordering_queue(d), c10d::OpType::ALLREDUCE, "c10d::allreduce", d, on_host, tensors, tensors,
+      [h, opts](c10d::Backend& g) mutable {
+        for (auto& t : h) premultiply(opts.reduceOp, t);
+        c10d::AllreduceOptions o = opts;
+        o.reduceOp = transport_op(opts.reduceOp);
+        return g.allreduce(h, o);
+      },
+      [h, op = opts.reduceOp, size]() mutable {
+        for (auto& t : h) average(op, t, size);
+      });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                                       const c10d::AllreduceCoalescedOptions& opts) {
+  NEURON_C10D_PLACE("allreduce_coalesced", tensors)
+  check_reduce_op("allreduce_coalesced", opts.reduceOp, tensors);
+  auto h = host(tensors);
+  const int size = size_;
+  const Fingerprint fp = fingerprint(c10d::OpType::ALLREDUCE_COALESCED, tensors, -1, opts.reduceOp.op_);
+  return run_collective(
+      rank_, &fp, gloo_, ordering_queue(d), c10d::OpType::ALLREDUCE_COALESCED, "c10d::allreduce_coalesced", d, on_host, tensors, tensors,
+      [h, opts](c10d::Backend& g) mutable {
+        for (auto& t : h) premultiply(opts.reduceOp, t);
+        c10d::AllreduceCoalescedOptions o = opts;
+        o.reduceOp = transport_op(opts.reduceOp);
+        return g.allreduce_coalesced(h, o);
+      },
+      [h, op = opts.reduceOp, size]() mutable {
+        for (auto& t : h) average(op, t, size);
+      });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::reduce(std::vector<at::Tensor>& tensors,
+                                                          const c10d::ReduceOptions& opts) {
+  NEURON_C10D_PLACE("reduce", tensors)
+  check_reduce_op("reduce", opts.reduceOp, tensors);
+  auto h = host(tensors);
+  const int size = size_;
+  const bool root = opts.rootRank == rank_;
+  const Fingerprint fp = fingerprint(c10d::OpType::REDUCE, tensors, opts.rootRank, opts.reduceOp.op_);
+  return run_collective(
+      rank_, &fp, gloo_, ordering_queue(d), c10d::OpType::REDUCE, "c10d::reduce", d, on_host, tensors, tensors,
+      [h, opts](c10d::Backend& g) mutable {
+        for (auto& t : h) premultiply(opts.reduceOp, t);
+        c10d::ReduceOptions o = opts;
+        o.reduceOp = transport_op(opts.reduceOp);
+        return g.reduce(h, o);
+      },
+      [h, op = opts.reduceOp, size, root]() mutable {
+        if (root)
+          for (auto& t : h) average(op, t, size);
+      });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                             std::vector<at::Tensor>& inputs,
+                                                             const c10d::AllgatherOptions& opts) {
+  auto all = flatten(outputs);
+  all.insert(all.end(), inputs.begin(), inputs.end());
+  NEURON_C10D_PLACE("allgather", all)
+  auto ho = host(outputs);
+  auto hi = host(inputs);
+  const Fingerprint fp = fingerprint(c10d::OpType::ALLGATHER, inputs);
+  return run_collective(rank_, &fp, gloo_, ordering_queue(d), c10d::OpType::ALLGATHER, "c10d::allgather", d, on_host, all, flatten(outputs),
+                        [ho, hi, opts](c10d::Backend& g) mutable { return g.allgather(ho, hi, opts); }, nullptr);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::_allgather_base(at::Tensor& output, at::Tensor& input,
+                                                                   const c10d::AllgatherOptions& opts) {
+  std::vector<at::Tensor> all{output, input};
+  NEURON_C10D_PLACE("all_gather_into_tensor", all)
+  at::Tensor ho = host({output})[0], hi = host({input})[0];
+  const Fingerprint fp = fingerprint(c10d::OpType::_ALLGATHER_BASE, {input});
+  return run_collective(rank_, &fp, gloo_, ordering_queue(d), c10d::OpType::_ALLGATHER_BASE, "c10d::all_gather_into_tensor", d, on_host, all,
+                        {output},
+                        [ho, hi, opts](c10d::Backend& g) mutable { return g._allgather_base(ho, hi, opts); }, nullptr);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::allgather_coalesced(
+    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
+  auto all = flatten(outputs);
+  all.insert(all.end(), inputs.begin(), inputs.end());
+  NEURON_C10D_PLACE("allgather_coalesced", all)
+  auto ho = host(outputs);
+  auto hi = host(inputs);
+  const Fingerprint fp = fingerprint(c10d::OpType::ALLGATHER_COALESCED, inputs);
+  return run_collective(rank_, &fp, gloo_, ordering_queue(d), c10d::OpType::ALLGATHER_COALESCED, "c10d::allgather_coalesced", d, on_host, all,
+                        flatten(outputs),
+                        [ho, hi, opts](c10d::Backend& g) mutable { return g.allgather_coalesced(ho, hi, opts); },
+                        nullptr);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::allgather_into_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& opts) {
+  auto all = outputs;
+  all.insert(all.end(), inputs.begin(), inputs.end());
+  NEURON_C10D_PLACE("allgather_into_tensor_coalesced", all)
+  auto ho = host(outputs);
+  auto hi = host(inputs);
+  const Fingerprint fp = fingerprint(c10d::OpType::COALESCED, inputs);
+  return run_collective(
+      rank_, &fp, gloo_, ordering_queue(d), c10d::OpType::COALESCED, "c10d::allgather_into_tensor_coalesced", d, on_host, all, outputs,
+      [ho, hi, opts](c10d::Backend& g) mutable { return g.allgather_into_tensor_coalesced(ho, hi, opts); }, nullptr);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                          std::vector<at::Tensor>& inputs,
+                                                          const c10d::GatherOptions& opts) {
+  auto all = flatten(outputs);
+  all.insert(all.end(), inputs.begin(), inputs.end());
+  NEURON_C10D_PLACE("gather", all)
+  auto ho = host(outputs);
+  auto hi = host(inputs);
+  const Fingerprint fp = fingerprint(c10d::OpType::GATHER, inputs, opts.rootRank);
+  return run_collective(rank_, &fp, gloo_, ordering_queue(d), c10d::OpType::GATHER, "c10d::gather", d, on_host, all, flatten(outputs),
+                        [ho, hi, opts](c10d::Backend& g) mutable { return g.gather(ho, hi, opts); }, nullptr);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::scatter(std::vector<at::Tensor>& outputs,
+                                                           std::vector<std::vector<at::Tensor>>& inputs,
+                                                           const c10d::ScatterOptions& opts) {
+  auto all = flatten(inputs);
+  all.insert(all.end(), outputs.begin(), outputs.end());
+  NEURON_C10D_PLACE("scatter", all)
+  auto ho = host(outputs);
+  auto hi = host(inputs);
+  const Fingerprint fp = fingerprint(c10d::OpType::SCATTER, outputs, opts.rootRank);
+  return run_collective(rank_, &fp, gloo_, ordering_queue(d), c10d::OpType::SCATTER, "c10d::scatter", d, on_host, all, outputs,
+                        [ho, hi, opts](c10d::Backend& g) mutable { return g.scatter(ho, hi, opts); }, nullptr);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                                  std::vector<std::vector<at::Tensor>>& inputs,
+                                                                  const c10d::ReduceScatterOptions& opts) {
+  auto all = flatten(inputs);
+  all.insert(all.end(), outputs.begin(), outputs.end());
+  NEURON_C10D_PLACE("reduce_scatter", all)
+  check_reduce_op("reduce_scatter", opts.reduceOp, all);
+  auto ho = host(outputs);
+  auto hi = host(inputs);
+  const int size = size_;
+  const Fingerprint fp = fingerprint(c10d::OpType::REDUCE_SCATTER, outputs, -1, opts.reduceOp.op_);
+  return run_collective(
+      rank_, &fp, gloo_, ordering_queue(d), c10d::OpType::REDUCE_SCATTER, "c10d::reduce_scatter", d, on_host, all, outputs,
+      [ho, hi, opts](c10d::Backend& g) mutable {
+        std::vector<std::vector<at::Tensor>> in;
+        for (auto& l : hi) in.push_back(premultiplied(opts.reduceOp, l));
+        c10d::ReduceScatterOptions o = opts;
+        o.reduceOp = transport_op(opts.reduceOp);
+        return g.reduce_scatter(ho, in, o);
+      },
+      [ho, op = opts.reduceOp, size]() mutable {
+        for (auto& t : ho) average(op, t, size);
+      });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                                        const c10d::ReduceScatterOptions& opts) {
+  std::vector<at::Tensor> all{output, input};
+  NEURON_C10D_PLACE("reduce_scatter_tensor", all)
+  check_reduce_op("reduce_scatter_tensor", opts.reduceOp, all);
+  at::Tensor ho = host({output})[0], hi = host({input})[0];
+  const int size = size_;
+  const Fingerprint fp = fingerprint(c10d::OpType::_REDUCE_SCATTER_BASE, {output}, -1, opts.reduceOp.op_);
+  return run_collective(
+      rank_, &fp, gloo_, ordering_queue(d), c10d::OpType::_REDUCE_SCATTER_BASE, "c10d::reduce_scatter_tensor", d, on_host, all, {output},
+      [ho, hi, opts](c10d::Backend& g) mutable {
+        at::Tensor in = premultiplied(opts.reduceOp, {hi})[0];
+        c10d::ReduceScatterOptions o = opts;
+        o.reduceOp = transport_op(opts.reduceOp);
+        return g._reduce_scatter_base(ho, in, o);
+      },
+      [ho, op = opts.reduceOp, size]() mutable { average(op, ho, size); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::reduce_scatter_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) {
+  auto all = outputs;
+  all.insert(all.end(), inputs.begin(), inputs.end());
+  NEURON_C10D_PLACE("reduce_scatter_tensor_coalesced", all)
+  check_reduce_op("reduce_scatter_tensor_coalesced", opts.reduceOp, all);
+  auto ho = host(outputs);
+  auto hi = host(inputs);
+  const int size = size_;
+  const Fingerprint fp = fingerprint(c10d::OpType::COALESCED, outputs, -1, opts.reduceOp.op_);
+  return run_collective(
+      rank_, &fp, gloo_, ordering_queue(d), c10d::OpType::COALESCED, "c10d::reduce_scatter_tensor_coalesced", d, on_host, all, outputs,
+      [ho, hi, opts](c10d::Backend& g) mutable {
+        auto in = premultiplied(opts.reduceOp, hi);
+        c10d::ReduceScatterOptions o = opts;
+        o.reduceOp = transport_op(opts.reduceOp);
+        return g.reduce_scatter_tensor_coalesced(ho, in, o);
+      },
+      [ho, op = opts.reduceOp, size]() mutable {
+        for (auto& t : ho) average(op, t, size);
+      });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::alltoall_base(at::Tensor& output, at::Tensor& input,
+                                                                 std::vector<int64_t>& output_splits,
+                                                                 std::vector<int64_t>& input_splits,
+                                                                 const c10d::AllToAllOptions& opts) {
+  std::vector<at::Tensor> all{output, input};
+  NEURON_C10D_PLACE("all_to_all_single", all)
+  at::Tensor ho = host({output})[0], hi = host({input})[0];
+  const Fingerprint fp = unsized(fingerprint(c10d::OpType::ALLTOALL_BASE, {input}));
+  return run_collective(rank_, &fp, gloo_, ordering_queue(d), c10d::OpType::ALLTOALL_BASE, "c10d::all_to_all_single", d, on_host, all,
+                        {output},
+                        [ho, hi, output_splits, input_splits, opts](c10d::Backend& g) mutable {
+                          return g.alltoall_base(ho, hi, output_splits, input_splits, opts);
+                        },
+                        nullptr);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::alltoall(std::vector<at::Tensor>& outputs,
+                                                            std::vector<at::Tensor>& inputs,
+                                                            const c10d::AllToAllOptions& opts) {
+  auto all = outputs;
+  all.insert(all.end(), inputs.begin(), inputs.end());
+  NEURON_C10D_PLACE("all_to_all", all)
+  auto ho = host(outputs);
+  auto hi = host(inputs);
+  const Fingerprint fp = unsized(fingerprint(c10d::OpType::ALLTOALL, inputs));
+  return run_collective(rank_, &fp, gloo_, ordering_queue(d), c10d::OpType::ALLTOALL, "c10d::all_to_all", d, on_host, all, outputs,
+                        [ho, hi, opts](c10d::Backend& g) mutable { return g.alltoall(ho, hi, opts); }, nullptr);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::send(std::vector<at::Tensor>& tensors, int dst, int tag) {
+  NEURON_C10D_PLACE("send", tensors)
+  auto h = host(tensors);
+  return run_collective(rank_, nullptr, gloo_, ordering_queue(d), c10d::OpType::SEND, "c10d::send", d, on_host, tensors, tensors,
+                        [h, dst, tag](c10d::Backend& g) mutable { return g.send(h, dst, tag); }, nullptr);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::recv(std::vector<at::Tensor>& tensors, int src, int tag) {
+  NEURON_C10D_PLACE("recv", tensors)
+  auto h = host(tensors);
+  return run_collective(rank_, nullptr, gloo_, ordering_queue(d), c10d::OpType::RECV, "c10d::recv", d, on_host, tensors, tensors,
+                        [h, src, tag](c10d::Backend& g) mutable { return g.recv(h, src, tag); }, nullptr);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
+  NEURON_C10D_PLACE("recv", tensors)
+  auto h = host(tensors);
+  return run_collective(rank_, nullptr, gloo_, ordering_queue(d), c10d::OpType::RECVANYSOURCE, "c10d::recv", d, on_host, tensors, tensors,
+                        [h, tag](c10d::Backend& g) mutable { return g.recvAnysource(h, tag); }, nullptr);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::barrier(const c10d::BarrierOptions& opts) {
+  // Ordered after the current stream's queued work, then every rank meets.
+  const c10::DeviceIndex d = current_device();
+  const Fingerprint fp = fingerprint(c10d::OpType::BARRIER, {});
+  return run_collective(rank_, &fp, gloo_, ordering_queue(d), c10d::OpType::BARRIER, "c10d::barrier", d, /*on_host=*/true, {}, {},
+                        [opts](c10d::Backend& g) mutable {
+                          c10d::BarrierOptions o = opts;
+                          o.device_ids.clear();  // the transport's barrier is device-free
+                          return g.barrier(o);
+                        },
+                        nullptr);
+}
+
+}  // namespace neuronx::distributed

@@ -1,0 +1,583 @@
+"""Multi-process jobs for tests/test_distributed.py: ``python jobs.py JOB OUTDIR`` in every
+rank (RANK, WORLD_SIZE, MASTER_ADDR/PORT set by the launcher). Each job compares the
+``neuron`` backend with the same work on CPU tensors (Gloo), rank by rank, raises on any
+difference, and writes ``OUTDIR/JOB.rank<r>.json`` with what it checked."""
+import datetime
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+JOBS = {}
+
+
+def job(fn):
+    JOBS[fn.__name__] = fn
+    return fn
+
+
+def rank():
+    return dist.get_rank()
+
+
+def world():
+    return dist.get_world_size()
+
+
+def dev():
+    return torch.device("neuron", int(os.environ.get("LOCAL_RANK", os.environ["RANK"])) % torch.neuron.device_count())
+
+
+def close(a, b, msg, rtol=1e-5, atol=1e-6):
+    torch.testing.assert_close(a.detach().cpu(), b.detach().cpu(), rtol=rtol, atol=atol, msg=lambda m: f"{msg}: {m}")
+
+
+# ----------------------------------------------------------------------- collectives
+
+def _value(shape, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, shape, generator=g).bool()
+    if dtype.is_floating_point:
+        return torch.randn(shape, generator=g).to(dtype)
+    return torch.randint(-50, 50, shape, generator=g).to(dtype)
+
+
+def _run_both(fn, *tensors):
+    """Run fn on CPU copies (Gloo) and on neuron copies; return both results as CPU tensors."""
+    cpu = [t.clone() for t in tensors]
+    neu = [t.to(dev()) for t in tensors]
+    fn(*cpu)
+    fn(*neu)
+    return cpu, [t.cpu() for t in neu]
+
+
+@job
+def collectives(out):
+    r, n = rank(), world()
+    checked = 0
+    RO = dist.ReduceOp
+    for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.int32):
+        for size in (0, 1, 1023):
+            x = _value((size,), dtype, seed=r * 100 + size)
+            ops = [RO.SUM, RO.PRODUCT, RO.MIN, RO.MAX]
+            if not dtype.is_floating_point:
+                ops += [RO.BAND, RO.BOR, RO.BXOR]
+            tol = dict(rtol=1e-2, atol=1e-2) if dtype in (torch.bfloat16, torch.float16) else {}
+            for op in ops:
+                c, d = _run_both(lambda t: dist.all_reduce(t, op=op), x)
+                close(d[0], c[0], f"all_reduce {op} {dtype} n={size}", **tol)
+                checked += 1
+            # AVG and PREMUL_SUM (not in Gloo): against SUM on CPU.
+            c, _ = _run_both(lambda t: dist.all_reduce(t, op=RO.SUM), x)
+            if dtype.is_floating_point:
+                d = x.to(dev())
+                dist.all_reduce(d, op=RO.AVG)
+                close(d, (c[0].float() / n).to(dtype), f"all_reduce AVG {dtype}", **tol)
+                d = x.to(dev())
+                dist.all_reduce(d, op=dist._make_nccl_premul_sum(0.5))
+                close(d, (c[0].float() * 0.5).to(dtype), f"all_reduce PREMUL_SUM {dtype}", **tol)
+            else:
+                d = x.to(dev())
+                dist.all_reduce(d, op=RO.AVG)
+                close(d, torch.div(c[0], n, rounding_mode="trunc"), f"all_reduce AVG {dtype}")
+            checked += 2
+            c, d = _run_both(lambda t: dist.broadcast(t, src=1), x)
+            close(d[0], c[0], f"broadcast {dtype}")
+            c, d = _run_both(lambda t: dist.reduce(t, dst=0, op=RO.MAX), x)
+            close(d[0], c[0], f"reduce {dtype}")
+            # all_gather (list), all_gather_into_tensor, reduce_scatter(_tensor), all_to_all(_single)
+            outs_c = [torch.empty_like(x) for _ in range(n)]
+            outs_d = [torch.empty_like(x, device=dev()) for _ in range(n)]
+            dist.all_gather(outs_c, x)
+            dist.all_gather(outs_d, x.to(dev()))
+            for a, b in zip(outs_d, outs_c):
+                close(a, b, f"all_gather {dtype}")
+            big_c, big_d = torch.empty(n * size, dtype=dtype), torch.empty(n * size, dtype=dtype, device=dev())
+            dist.all_gather_into_tensor(big_c, x)
+            dist.all_gather_into_tensor(big_d, x.to(dev()))
+            close(big_d, big_c, f"all_gather_into_tensor {dtype}")
+            inp = _value((n * size,), dtype, seed=r + 7)
+            rs_c, rs_d = torch.empty(size, dtype=dtype), torch.empty(size, dtype=dtype, device=dev())
+            dist.reduce_scatter_tensor(rs_c, inp)
+            dist.reduce_scatter_tensor(rs_d, inp.to(dev()))
+            close(rs_d, rs_c, f"reduce_scatter_tensor {dtype}", **tol)
+            lst = list(inp.chunk(n)) if size else [torch.empty(0, dtype=dtype) for _ in range(n)]
+            dist.reduce_scatter(rs_c, lst)
+            dist.reduce_scatter(rs_d, [t.to(dev()) for t in lst])
+            close(rs_d, rs_c, f"reduce_scatter {dtype}", **tol)
+            if dtype.is_floating_point:
+                dist.reduce_scatter_tensor(rs_d, inp.to(dev()), op=RO.AVG)
+                dist.reduce_scatter_tensor(rs_c, inp)
+                close(rs_d, (rs_c.float() / n).to(dtype), f"reduce_scatter_tensor AVG {dtype}", **tol)
+            # uneven all_to_all_single: rank r sends (j + 1) * (size % 5 + 1) elements to rank j
+            k = size % 5 + 1
+            in_splits = [(j + 1) * k for j in range(n)]
+            out_splits = [(r + 1) * k] * n
+            src = _value((sum(in_splits),), dtype, seed=r + 11)
+            a2a_c = torch.empty(sum(out_splits), dtype=dtype)
+            a2a_d = torch.empty(sum(out_splits), dtype=dtype, device=dev())
+            dist.all_to_all_single(a2a_c, src, out_splits, in_splits)
+            dist.all_to_all_single(a2a_d, src.to(dev()), out_splits, in_splits)
+            close(a2a_d, a2a_c, f"all_to_all_single uneven {dtype}")
+            ins = [_value((size,), dtype, seed=r * 10 + j) for j in range(n)]
+            o_c = [torch.empty(size, dtype=dtype) for _ in range(n)]
+            o_d = [torch.empty(size, dtype=dtype, device=dev()) for _ in range(n)]
+            dist.all_to_all(o_c, ins)
+            dist.all_to_all(o_d, [t.to(dev()) for t in ins])
+            for a, b in zip(o_d, o_c):
+                close(a, b, f"all_to_all {dtype}")
+            # gather / scatter
+            g_c = [torch.empty_like(x) for _ in range(n)] if r == 0 else None
+            g_d = [torch.empty_like(x, device=dev()) for _ in range(n)] if r == 0 else None
+            dist.gather(x, g_c, dst=0)
+            dist.gather(x.to(dev()), g_d, dst=0)
+            if r == 0:
+                for a, b in zip(g_d, g_c):
+                    close(a, b, f"gather {dtype}")
+            sc_in = [_value((size,), dtype, seed=50 + j) for j in range(n)] if r == 1 else None
+            s_c, s_d = torch.empty_like(x), torch.empty_like(x, device=dev())
+            dist.scatter(s_c, sc_in, src=1)
+            dist.scatter(s_d, [t.to(dev()) for t in sc_in] if sc_in else None, src=1)
+            close(s_d, s_c, f"scatter {dtype}")
+            # send/recv with tags, in both directions
+            peer = 1 - r
+            for tag in (3, 4):
+                if r == 0:
+                    dist.send(x.to(dev()), dst=peer, tag=tag)
+                    got = torch.empty_like(x, device=dev())
+                    dist.recv(got, src=peer, tag=tag)
+                else:
+                    got = torch.empty_like(x, device=dev())
+                    dist.recv(got, src=peer, tag=tag)
+                    dist.send(x.to(dev()), dst=peer, tag=tag)
+                close(got, _value((size,), dtype, seed=peer * 100 + size), f"send/recv tag {tag} {dtype}")
+            checked += 14
+    # the coalesced forms and functional collectives
+    a, b = torch.ones(4, device=dev()) * (r + 1), torch.ones(6, device=dev()) * (r + 2)
+    with dist._coalescing_manager(async_ops=True) as cm:
+        dist.all_reduce(a)
+        dist.all_reduce(b)
+    cm.wait()
+    close(a, torch.full((4,), 3.0), "all_reduce coalesced")
+    close(b, torch.full((6,), 5.0), "all_reduce coalesced")
+    outs = [torch.empty(2 * n, device=dev()) for _ in range(2)]
+    with dist._coalescing_manager(async_ops=True) as cm:
+        for o in outs:
+            dist.all_gather_into_tensor(o, torch.full((2,), float(r), device=dev()))
+    cm.wait()
+    close(outs[1], torch.tensor([0., 0., 1., 1.]), "all_gather_into_tensor coalesced")
+    rs = [torch.empty(2, device=dev()) for _ in range(2)]
+    with dist._coalescing_manager(async_ops=True) as cm:
+        for o in rs:
+            dist.reduce_scatter_tensor(o, torch.arange(4.0, device=dev()))
+    cm.wait()
+    close(rs[0], torch.arange(4.0).view(n, 2)[r] * n, "reduce_scatter_tensor coalesced")
+    sendb, recvb = torch.full((3,), float(r), device=dev()), torch.empty(3, device=dev())
+    reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, sendb, (r + 1) % n),
+                                   dist.P2POp(dist.irecv, recvb, (r - 1) % n)])
+    for q in reqs:
+        q.wait()
+    close(recvb, torch.full((3,), float((r - 1) % n)), "batch_isend_irecv")
+    import torch.distributed._functional_collectives as fc
+    y = fc.all_reduce(torch.ones(5, device=dev()) * (r + 1), "sum", dist.group.WORLD)
+    close(y, torch.full((5,), 3.0), "functional all_reduce")
+    z = fc.all_gather_tensor(torch.full((2,), float(r), device=dev()), 0, dist.group.WORLD)
+    close(z, torch.tensor([0., 0., 1., 1.]), "functional all_gather_tensor")
+    w = fc.reduce_scatter_tensor(torch.arange(4.0, device=dev()), "sum", 0, dist.group.WORLD)
+    close(w, torch.arange(4.0).view(n, 2)[r] * n, "functional reduce_scatter_tensor")
+    # 64 MB: all_reduce and all_gather_into_tensor
+    big = _value((16 << 20,), torch.float32, seed=r)
+    c, d = _run_both(lambda t: dist.all_reduce(t), big)
+    close(d[0], c[0], "all_reduce 64MB")
+    g_c, g_d = torch.empty(n << 24), torch.empty(n << 24, device=dev())
+    dist.all_gather_into_tensor(g_c, big)
+    dist.all_gather_into_tensor(g_d, big.to(dev()))
+    close(g_d, g_c, "all_gather_into_tensor 64MB")
+    # async work: wait() orders the current stream, the host runs ahead
+    t = torch.ones(1 << 20, device=dev())
+    work = dist.all_reduce(t, async_op=True)
+    work.wait()
+    fut = dist.all_reduce(torch.ones(3, device=dev()), async_op=True).get_future()
+    close(fut.wait()[0], torch.full((3,), float(n)), "future value")
+    close(t[:4], torch.full((4,), float(n)), "async all_reduce")
+    dist.barrier()
+    checked += 12
+    return {"checked": checked}
+
+
+# ----------------------------------------------------------------------- training jobs
+
+STEPS = 10
+
+
+def _batch(step, d_in=16, n=8):
+    g = torch.Generator().manual_seed(1000 * step + rank())
+    return torch.randn(n, d_in, generator=g), torch.randn(n, 4, generator=g)
+
+
+def _mlp(d_in=16, hidden=32, d_out=4):
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(d_in, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
+                         nn.Linear(hidden, d_out))
+
+
+def _compare_runs(name, runs, rtol=1e-5, atol=1e-5):
+    (cl, cp), (nl, np_) = runs["cpu"], runs["neuron"]
+    close(torch.tensor(nl), torch.tensor(cl), f"{name}: losses", rtol=rtol, atol=atol)
+    assert len(cp) == len(np_)
+    for i, (a, b) in enumerate(zip(np_, cp)):
+        close(a, b, f"{name}: parameter {i}", rtol=rtol, atol=atol)
+    return {"steps": len(cl), "params": len(cp), "final_loss": nl[-1]}
+
+
+class WithUnused(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = _mlp()
+        self.unused = nn.Linear(4, 4)  # never called: DDP(find_unused_parameters=True)
+
+    def forward(self, x):
+        return self.body(x)
+
+
+@job
+def ddp(out):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    res = {}
+    for find_unused in (False, True):
+        runs = {}
+        for device in ("cpu", "neuron"):
+            d = torch.device("cpu") if device == "cpu" else dev()
+            model = (WithUnused() if find_unused else _mlp()).to(d)
+            # a tiny bucket cap: several buckets, each its own allreduce
+            ddp_model = DDP(model, bucket_cap_mb=0.001, find_unused_parameters=find_unused)
+            opt = torch.optim.SGD(ddp_model.parameters(), lr=0.05, momentum=0.9)
+            losses = []
+            for step in range(STEPS):
+                x, y = (t.to(d) for t in _batch(step))
+                if step % 3 == 1:  # gradient accumulation: no allreduce on the first micro-batch
+                    with ddp_model.no_sync():
+                        nn.functional.mse_loss(ddp_model(x[:4]), y[:4]).backward()
+                    loss = nn.functional.mse_loss(ddp_model(x[4:]), y[4:])
+                else:
+                    loss = nn.functional.mse_loss(ddp_model(x), y)
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+                losses.append(loss.item())
+            runs[device] = (losses, [p.detach().cpu() for p in model.parameters()])
+        res[f"find_unused={find_unused}"] = _compare_runs("ddp", runs)
+    # replicas stay identical across ranks
+    gathered = [None] * world()
+    dist.all_gather_object(gathered, [p.sum().item() for p in runs["neuron"][1]])
+    assert gathered[0] == gathered[-1], "DDP replicas diverged"
+    return res
+
+
+@job
+def fsdp2(out):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+    meshes = {"cpu": init_device_mesh("cpu", (world(),)), "neuron": init_device_mesh("neuron", (world(),))}
+    configs = {
+        "default": {},
+        "bf16_params_fp32_reduce": dict(mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                                                        reduce_dtype=torch.float32)),
+        "no_reshard_after_forward": dict(reshard_after_forward=False),
+        "cpu_offload": dict(offload_policy=CPUOffloadPolicy()),
+    }
+    res = {}
+    for name, cfg in configs.items():
+        runs = {}
+        for device in ("cpu", "neuron"):
+            kw = dict(cfg)
+            if device == "cpu":
+                kw.pop("offload_policy", None)  # the reference: same math, no offload
+            model = _mlp().to("cpu" if device == "cpu" or "offload_policy" in kw else dev())
+            for layer in model:
+                if isinstance(layer, nn.Linear):
+                    fully_shard(layer, mesh=meshes[device], **kw)
+            fully_shard(model, mesh=meshes[device], **kw)
+            if "offload_policy" in kw:
+                assert all(p.device.type == "cpu" for p in model.parameters())
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+            losses = []
+            for step in range(STEPS):
+                x, y = (t.to("cpu" if device == "cpu" else dev()) for t in _batch(step))
+                loss = nn.functional.mse_loss(model(x).float(), y)
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+                losses.append(loss.item())
+            runs[device] = (losses, [p.full_tensor().detach().cpu() for p in model.parameters()])
+        tol = dict(rtol=2e-2, atol=2e-2) if "bf16" in name else dict(rtol=1e-5, atol=1e-5)
+        res[name] = _compare_runs(f"fsdp2 {name}", runs, **tol)
+    return res
+
+
+class Attention(nn.Module):
+    def __init__(self, d=32, heads=4):
+        super().__init__()
+        self.heads = heads
+        self.q, self.k, self.v, self.o = (nn.Linear(d, d) for _ in range(4))
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        def split(t):  # head dim 8: a tensor-parallel rank holds a subset of the heads
+            return t.view(b, s, -1, 8).transpose(1, 2)
+        q, k, v = (split(f(x)) for f in (self.q, self.k, self.v))
+        y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o(y.transpose(1, 2).reshape(b, s, -1))
+
+
+class Block(nn.Module):
+    def __init__(self, d=32):
+        super().__init__()
+        self.attn = Attention(d)
+        self.up, self.down = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        x = x + self.attn(x)
+        return x + self.down(nn.functional.gelu(self.up(x)))
+
+
+@job
+def tensor_parallel(out):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    plan = {"attn.q": ColwiseParallel(), "attn.k": ColwiseParallel(), "attn.v": ColwiseParallel(),
+            "attn.o": RowwiseParallel(), "up": ColwiseParallel(), "down": RowwiseParallel()}
+    runs = {}
+    for device in ("cpu", "neuron"):
+        mesh = init_device_mesh(device, (world(),))
+        torch.manual_seed(0)
+        model = Block().to("cpu" if device == "cpu" else dev())
+        parallelize_module(model, mesh, plan)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        losses = []
+        for step in range(STEPS):
+            g = torch.Generator().manual_seed(step)  # TP: every rank sees the same batch
+            x = torch.randn(2, 8, 32, generator=g).to("cpu" if device == "cpu" else dev())
+            loss = model(x).square().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.item())
+        runs[device] = (losses, [p.full_tensor().detach().cpu() for p in model.parameters()])
+    return {"block": _compare_runs("tensor parallel", runs, rtol=1e-4, atol=1e-5)}
+
+
+@job
+def pipeline_parallel(out):
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+    res = {}
+    for sched_cls in (ScheduleGPipe, Schedule1F1B):
+        runs = {}
+        for device in ("cpu", "neuron"):
+            d = torch.device("cpu") if device == "cpu" else dev()
+            full = _mlp()
+            stage_mod = (full[:2] if rank() == 0 else full[2:]).to(d)
+            stage = PipelineStage(stage_mod, stage_index=rank(), num_stages=world(), device=d)
+            sched = sched_cls(stage, n_microbatches=4, loss_fn=nn.functional.mse_loss)
+            opt = torch.optim.SGD(stage_mod.parameters(), lr=0.05)
+            losses = []
+            for step in range(STEPS):
+                g = torch.Generator().manual_seed(step)
+                x, y = torch.randn(8, 16, generator=g).to(d), torch.randn(8, 4, generator=g).to(d)
+                if rank() == 0:
+                    sched.step(x)
+                    losses.append(0.0)
+                else:
+                    mb = []
+                    sched.step(target=y, losses=mb)
+                    losses.append(torch.stack([m.detach().cpu() for m in mb]).mean().item())
+                opt.step()
+                opt.zero_grad()
+            runs[device] = (losses, [p.detach().cpu() for p in stage_mod.parameters()])
+        res[sched_cls.__name__] = _compare_runs(sched_cls.__name__, runs)
+    return res
+
+
+@job
+def zero(out):
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    runs = {}
+    for device in ("cpu", "neuron"):
+        d = torch.device("cpu") if device == "cpu" else dev()
+        model = DDP(_mlp().to(d))
+        opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW, lr=1e-2)
+        losses = []
+        for step in range(STEPS):
+            x, y = (t.to(d) for t in _batch(step))
+            loss = nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.item())
+        runs[device] = (losses, [p.detach().cpu() for p in model.parameters()])
+        owned = sum(p.numel() for g in opt.optim.param_groups for p in g["params"])
+        assert owned < sum(p.numel() for p in model.parameters()), "ZeRO should shard optimizer state"
+    return {"zero": _compare_runs("zero", runs)}
+
+
+@job
+def dtensor(out):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor
+    n = world()
+    shapes = {"1d": (n,), "2d": (n // 2, 2) if n >= 4 else (1, n)}
+    checked = 0
+    full = torch.arange(8 * 12, dtype=torch.float32).view(8, 12)
+    for name, shape in shapes.items():
+        mesh = init_device_mesh("neuron", shape)
+        k = len(shape)
+        for placements in ([Shard(0)] * k, [Replicate()] * k, [Shard(1)] + [Replicate()] * (k - 1),
+                           [Replicate()] * (k - 1) + [Shard(0)]):
+            dt = distribute_tensor(full, mesh, placements)
+            assert dt.to_local().device.type == "neuron"
+            close(dt.full_tensor(), full, f"{name} {placements} full_tensor")
+            for target in ([Replicate()] * k, [Shard(1)] * k if k == 1 else [Shard(0), Shard(1)]):
+                close(dt.redistribute(mesh, target).full_tensor(), full, f"{name} {placements}->{target}")
+                checked += 1
+        # Partial -> Replicate is an all-reduce
+        from torch.distributed.tensor import DTensor
+        local = torch.ones(3, 4, device=dev()) * (rank() + 1)
+        p = DTensor.from_local(local, mesh, [Partial()] + [Replicate()] * (k - 1))
+        r = p.redistribute(mesh, [Replicate()] * k).to_local().cpu()
+        group0 = mesh.get_group(0)
+        members = dist.get_process_group_ranks(group0)
+        close(r, torch.ones(3, 4) * sum(m + 1 for m in members), f"{name} Partial->Replicate")
+        # a matmul of sharded DTensors matches the full one
+        a = distribute_tensor(full, mesh, [Shard(0)] + [Replicate()] * (k - 1))
+        b = distribute_tensor(full.t().contiguous(), mesh, [Replicate()] * k)
+        close((a @ b).full_tensor(), full @ full.t(), f"{name} sharded matmul")
+        checked += 2
+    return {"checked": checked}
+
+
+@job
+def dcp_save(out):
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    mesh = init_device_mesh("neuron", (world(),))
+    model = _mlp().to(dev())
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(3):
+        x, y = (t.to(dev()) for t in _batch(step))
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    sd = get_model_state_dict(model)
+    assert all(v.to_local().device.type == "neuron" for v in sd.values())
+    dcp.save(sd, checkpoint_id=os.path.join(out, "ckpt"))
+    full = {k: v.full_tensor().cpu() for k, v in sd.items()}
+    if rank() == 0:
+        torch.save(full, os.path.join(out, "reference.pt"))
+    return {"tensors": len(full)}
+
+
+@job
+def dcp_load(out):
+    """Reload the 2-rank checkpoint with a different world size."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    mesh = init_device_mesh("neuron", (world(),))
+    torch.manual_seed(123)  # different initial weights: the load must replace them
+    model = _mlp().to(dev())
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    sd = get_model_state_dict(model)
+    dcp.load(sd, checkpoint_id=os.path.join(out, "ckpt"))
+    set_model_state_dict(model, sd)
+    ref = torch.load(os.path.join(out, "reference.pt"))
+    got = get_model_state_dict(model)
+    for k, v in ref.items():
+        close(got[k].full_tensor(), v, f"reloaded {k}", rtol=0, atol=0)
+    return {"tensors": len(ref), "world": world()}
+
+
+# ----------------------------------------------------------------------- failures
+
+@job
+def peer_dies(out):
+    t = torch.ones(1000, device=dev())
+    dist.all_reduce(t)
+    t.cpu()
+    if rank() == 1:
+        os._exit(17)  # dies between collectives, without a word to the others
+    start = time.time()
+    try:
+        dist.all_reduce(t)
+        t.cpu()
+    except Exception as e:  # noqa: BLE001
+        return {"raised": type(e).__name__, "message": str(e)[:500], "after_s": time.time() - start}
+    raise AssertionError("all_reduce with a dead peer did not raise")
+
+
+@job
+def mismatch(out):
+    t = torch.ones(10 if rank() == 0 else 20, device=dev())
+    try:
+        dist.all_reduce(t)
+        t.cpu()
+    except Exception as e:  # noqa: BLE001
+        msg = str(e)
+        # the group stays usable after the reported mismatch
+        u = torch.ones(4, device=dev())
+        dist.all_reduce(u)
+        close(u, torch.full((4,), float(world())), "all_reduce after a mismatch")
+        return {"raised": type(e).__name__, "message": msg[:800]}
+    raise AssertionError("mismatched all_reduce did not raise")
+
+
+@job
+def launch_info(out):
+    """What torchrun gives a rank: its device and the visible cores."""
+    t = torch.ones(2, device="neuron")
+    dist.all_reduce(t)
+    return {"local_rank": int(os.environ["LOCAL_RANK"]), "current_device": torch.neuron.current_device(),
+            "device_count": torch.neuron.device_count(),
+            "physical_core": torch.neuron.get_device_properties(torch.neuron.current_device()).physical_core,
+            "sum": t.cpu().tolist(), "backend": dist.get_backend()}
+
+
+def main():
+    import faulthandler
+
+    # A hung job shows where every thread is, before the launcher kills it.
+    faulthandler.dump_traceback_later(float(os.environ.get("JOB_DUMP_S", "100")), exit=False)
+    name, out = sys.argv[1], sys.argv[2]
+    timeout = datetime.timedelta(seconds=float(os.environ.get("JOB_TIMEOUT_S", "60")))
+    local = int(os.environ.get("LOCAL_RANK", os.environ["RANK"]))
+    # As with CUDA: each rank makes its device current, then joins the group.
+    torch.neuron.set_device(local % torch.neuron.device_count())
+    if name == "launch_info":
+        dist.init_process_group("neuron", timeout=timeout)
+    else:
+        dist.init_process_group("neuron", timeout=timeout,
+                                device_id=torch.device("neuron", local % torch.neuron.device_count()))
+    result = JOBS[name](out)
+    with open(os.path.join(out, f"{name}.rank{rank()}.json"), "w") as f:
+        json.dump(result, f)
+    print(f"rank {rank()}: {name} ok", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,148 @@
+"""torch.distributed with backend="neuron": every collective against Gloo on CPU, and the
+training stack (DDP, FSDP2, tensor and pipeline parallel, ZeRO, DTensor, distributed
+checkpoint) on neuron against the same job on CPU, rank by rank; failures (a dead peer, a
+mismatched collective); torchrun launch; two ranks in two network namespaces."""
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+JOBS = os.path.join(os.path.dirname(__file__), "distributed", "jobs.py")
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env(**extra):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCH_NEURONX_", "NEURON_"))}
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def launch(job, tmp_path, nprocs=2, timeout=300, expect_ok=True, **env):
+    """Run `job` in `nprocs` ranks (plain processes, so one rank may die without the launcher
+    killing the others); return (per-rank results, per-rank (returncode, output))."""
+    port = _free_port()
+    procs = []
+    for r in range(nprocs):
+        e = _env(RANK=r, LOCAL_RANK=r, WORLD_SIZE=nprocs, MASTER_ADDR="127.0.0.1", MASTER_PORT=port, **env)
+        procs.append(subprocess.Popen([sys.executable, JOBS, job, str(tmp_path)], env=e, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    outs = []
+    deadline = time.time() + timeout
+    for p in procs:
+        try:
+            out, _ = p.communicate(timeout=max(1, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            pytest.fail(f"{job} hung:\n" + "\n".join(q.communicate()[0][-3000:] for q in procs))
+        outs.append((p.returncode, out))
+    if expect_ok:
+        for r, (rc, out) in enumerate(outs):
+            assert rc == 0, f"{job} rank {r} exited {rc}:\n{out[-6000:]}"
+    results = []
+    for r in range(nprocs):
+        path = tmp_path / f"{job}.rank{r}.json"
+        results.append(json.loads(path.read_text()) if path.exists() else None)
+    return results, outs
+
+
+def test_every_collective_matches_gloo(tmp_path):
+    results, _ = launch("collectives", tmp_path)
+    assert all(r["checked"] >= 5 * 3 * 20 for r in results)
+
+
+def test_ddp_matches_cpu(tmp_path):
+    results, _ = launch("ddp", tmp_path)
+    for r in results:
+        assert set(r) == {"find_unused=False", "find_unused=True"}
+        assert all(v["steps"] == 10 for v in r.values())
+
+
+def test_fsdp2_matches_cpu(tmp_path):
+    results, _ = launch("fsdp2", tmp_path)
+    for r in results:
+        assert set(r) == {"default", "bf16_params_fp32_reduce", "no_reshard_after_forward", "cpu_offload"}
+        assert all(v["steps"] == 10 and v["params"] == 6 for v in r.values())
+
+
+def test_tensor_parallel_matches_cpu(tmp_path):
+    results, _ = launch("tensor_parallel", tmp_path)
+    assert all(r["block"]["steps"] == 10 for r in results)
+
+
+def test_pipeline_parallel_matches_cpu(tmp_path):
+    results, _ = launch("pipeline_parallel", tmp_path)
+    for r in results:
+        assert set(r) == {"ScheduleGPipe", "Schedule1F1B"}
+
+
+def test_zero_redundancy_optimizer_matches_cpu(tmp_path):
+    results, _ = launch("zero", tmp_path)
+    assert all(r["zero"]["steps"] == 10 for r in results)
+
+
+def test_dtensor_1d_and_2d_meshes(tmp_path):
+    results, _ = launch("dtensor", tmp_path, nprocs=4, TORCH_NEURONX_SIM_CORES=4)
+    assert all(r["checked"] >= 20 for r in results)
+
+
+def test_distributed_checkpoint_reloads_with_another_world_size(tmp_path):
+    saved, _ = launch("dcp_save", tmp_path, nprocs=2)
+    loaded, _ = launch("dcp_load", tmp_path, nprocs=1)
+    assert loaded[0]["tensors"] == saved[0]["tensors"] == 6 and loaded[0]["world"] == 1
+
+
+def test_dead_peer_raises_on_the_survivor_within_the_timeout(tmp_path):
+    results, outs = launch("peer_dies", tmp_path, expect_ok=False, JOB_TIMEOUT_S=20)
+    assert outs[1][0] == 17
+    assert outs[0][0] == 0, outs[0][1][-3000:]
+    r = results[0]
+    assert r["raised"] in ("RuntimeError", "DistBackendError") and "c10d::allreduce failed" in r["message"]
+    assert r["after_s"] < 20
+
+
+def test_mismatched_sizes_raise_on_every_rank(tmp_path):
+    results, _ = launch("mismatch", tmp_path)
+    for r in results:
+        assert "collective mismatch" in r["message"]
+        assert "rank 0: ALLREDUCE of 10 Float" in r["message"] and "rank 1: ALLREDUCE of 20 Float" in r["message"]
+
+
+def test_torchrun_gives_each_rank_its_device(tmp_path):
+    port = _free_port()
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                        f"--master-port={port}", JOBS, "launch_info", str(tmp_path)],
+                       env=_env(), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    infos = [json.loads((tmp_path / f"launch_info.rank{i}.json").read_text()) for i in range(2)]
+    for i, info in enumerate(infos):
+        assert info["local_rank"] == i and info["current_device"] == i and info["backend"] == "neuron"
+        assert info["sum"] == [2.0, 2.0]
+
+
+def test_visible_cores_per_process(tmp_path):
+    """accelerate-style launch: each process sees one core (NEURON_RT_VISIBLE_CORES) as neuron:0."""
+    port = _free_port()
+    procs = []
+    for r in range(2):
+        e = _env(RANK=r, LOCAL_RANK=r, WORLD_SIZE=2, MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
+                 NEURON_RT_VISIBLE_CORES=r)
+        procs.append(subprocess.Popen([sys.executable, JOBS, "launch_info", str(tmp_path)], env=e,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    for p in procs:
+        out, _ = p.communicate(timeout=300)
+        assert p.returncode == 0, out[-3000:]
+    infos = [json.loads((tmp_path / f"launch_info.rank{i}.json").read_text()) for i in range(2)]
+    for i, info in enumerate(infos):
+        assert info["device_count"] == 1 and info["current_device"] == 0 and info["physical_core"] == i
+        assert info["sum"] == [2.0, 2.0]
