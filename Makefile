@@ -70,12 +70,14 @@ bench: build
 	$(PYTHON) -m pip install -q matplotlib
 	$(PYTHON) bench/run.py --out bench/results/$$(date -u +%F).json
 	$(PYTHON) bench/report.py bench/results/$$(date -u +%F).json
+	$(PYTHON) bench/collectives.py --docs
 
 # Smoke test of the harness (tiny sizes, no thresholds); the report goes to a temp dir.
 bench-quick: build
 	$(PYTHON) -m pip install -q matplotlib
 	$(PYTHON) bench/run.py --quick --out $$(mktemp -d)/quick.json | tee /tmp/neuronx-bench-quick.log
 	$(PYTHON) bench/report.py $$(tail -1 /tmp/neuronx-bench-quick.log | sed 's/^wrote //') --out-dir $$(mktemp -d)
+	$(PYTHON) bench/collectives.py --quick --out $$(mktemp -d)/collectives.json
 
 clean:
 	rm -rf build build-rt torch_neuronx/_C*.so *.egg-info

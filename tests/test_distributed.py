@@ -146,3 +146,50 @@ def test_visible_cores_per_process(tmp_path):
     for i, info in enumerate(infos):
         assert info["device_count"] == 1 and info["current_device"] == 0 and info["physical_core"] == i
         assert info["sum"] == [2.0, 2.0]
+
+
+def _ip(*args):
+    return subprocess.run(["ip", *args], capture_output=True, text=True)
+
+
+@pytest.fixture
+def two_hosts():
+    """Two network namespaces joined by a veth pair: (namespace, address, interface) per host."""
+    if shutil.which("ip") is None:
+        pytest.skip("iproute2 (ip) is not installed")
+    tag = f"nx{os.getpid() % 100000}"
+    hosts = [(f"{tag}a", "10.231.7.1", f"{tag}x"), (f"{tag}b", "10.231.7.2", f"{tag}y")]
+    if _ip("netns", "add", hosts[0][0]).returncode != 0:
+        pytest.skip("cannot create network namespaces here (needs CAP_SYS_ADMIN)")
+    try:
+        steps = [("netns", "add", hosts[1][0]),
+                 ("link", "add", hosts[0][2], "type", "veth", "peer", "name", hosts[1][2])]
+        for ns, addr, dev in hosts:
+            steps += [("link", "set", dev, "netns", ns), ("-n", ns, "addr", "add", f"{addr}/24", "dev", dev),
+                      ("-n", ns, "link", "set", dev, "up"), ("-n", ns, "link", "set", "lo", "up")]
+        for s in steps:
+            r = _ip(*s)
+            assert r.returncode == 0, f"ip {' '.join(s)}: {r.stderr}"
+        yield hosts
+    finally:
+        for ns, _, _ in hosts:
+            _ip("netns", "del", ns)
+
+
+def test_two_hosts_in_network_namespaces(tmp_path, two_hosts):
+    """Each rank on its own 'host' (namespace, own address, own neuron:0), rendezvous on the
+    first host's address, Gloo over the veth link: the DDP job matches CPU there too."""
+    master = two_hosts[0][1]
+    port = _free_port()
+    procs = []
+    for r, (ns, addr, dev) in enumerate(two_hosts):
+        env = _env(RANK=r, LOCAL_RANK=0, WORLD_SIZE=2, MASTER_ADDR=master, MASTER_PORT=port,
+                   GLOO_SOCKET_IFNAME=dev)
+        procs.append(subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, JOBS, "ddp", str(tmp_path)],
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    for r, p in enumerate(procs):
+        out, _ = p.communicate(timeout=300)
+        assert p.returncode == 0, f"host {r}:\n{out[-4000:]}"
+    for r in range(2):
+        res = json.loads((tmp_path / f"ddp.rank{r}.json").read_text())
+        assert res["find_unused=True"]["steps"] == 10

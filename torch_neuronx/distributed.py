@@ -6,6 +6,7 @@ collective queue, ordered after the caller's current stream; Gloo (shipped with 
 the data between processes, across hosts with the usual ``torchrun`` rendezvous.
 """
 import datetime
+import os
 
 import torch.distributed as dist
 
@@ -14,10 +15,26 @@ from . import _C
 BACKEND = "neuron"
 
 
+# Transport worker threads. The collective queue issues collectives in order and the transport
+# runs several at once (a fingerprint exchange beside the previous collective's data).
+TRANSPORT_THREADS = 4
+
+
+def _transport(store, rank: int, size: int, timeout: datetime.timedelta):
+    """The Gloo process group that moves a neuron group's data, in its own key space of `store`."""
+    opts = dist.ProcessGroupGloo._Options()
+    opts._timeout = timeout
+    opts._threads = TRANSPORT_THREADS
+    ifnames = os.environ.get("GLOO_SOCKET_IFNAME")
+    if ifnames:
+        opts._devices = [dist.ProcessGroupGloo.create_device(interface=i) for i in ifnames.split(",")]
+    else:
+        opts._devices = [dist.ProcessGroupGloo.create_default_device()]
+    return dist.ProcessGroupGloo(dist.PrefixStore("neuron_transport/", store), rank, size, opts)
+
+
 def _create_backend(store, rank: int, size: int, timeout: datetime.timedelta):
-    # The transport gets its own key space in the group's store.
-    transport = dist.ProcessGroupGloo(dist.PrefixStore("neuron_transport/", store), rank, size, timeout)
-    return _C._distributed.ProcessGroupNeuron(transport, rank, size, timeout)
+    return _C._distributed.ProcessGroupNeuron(_transport(store, rank, size, timeout), rank, size, timeout)
 
 
 def _register() -> None:

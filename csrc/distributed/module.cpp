@@ -30,8 +30,8 @@ void bind(py::module& parent) {
       .def_property_readonly("options", [](ProcessGroupNeuron&) { return py::none(); });
 }
 
-// Creates the transport of a subgroup (Gloo, through its Python constructor:
-// the Gloo headers are not part of the torch wheel).
+// Creates the transport of a subgroup (Gloo, made in Python as for the
+// group itself: the Gloo headers are not part of the torch wheel).
 c10::intrusive_ptr<c10d::Backend> ProcessGroupNeuron::split(const c10::intrusive_ptr<c10d::Store>& store,
                                                             const std::vector<int>& ranks,
                                                             const c10::intrusive_ptr<Options>& opts) {
@@ -49,9 +49,8 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupNeuron::split(const c10::intrusive
   c10::intrusive_ptr<c10d::Backend> transport;
   {
     py::gil_scoped_acquire gil;
-    py::module dist = py::module::import("torch.distributed");
-    py::object prefixed = dist.attr("PrefixStore")("neuron_transport/", store);
-    transport = dist.attr("ProcessGroupGloo")(prefixed, rank, size, timeout).cast<c10::intrusive_ptr<c10d::Backend>>();
+    py::object make = py::module::import("torch_neuronx.distributed").attr("_transport");
+    transport = make(store, rank, size, timeout).cast<c10::intrusive_ptr<c10d::Backend>>();
   }
   last_split_store_ = store;
   last_split_ranks_ = ranks;

@@ -304,6 +304,46 @@ c10::intrusive_ptr<c10d::Backend::Options> ProcessGroupNeuron::getBackendOptions
   return c10::make_intrusive<Options>("neuron", timeout_);
 }
 
+Completer::Completer() : thread_([this] { loop(); }) {}
+
+Completer::~Completer() {
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void Completer::add(c10::intrusive_ptr<c10d::Work> work, Done done) {
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    pending_.emplace_back(std::move(work), std::move(done));
+  }
+  cv_.notify_one();
+}
+
+void Completer::loop() {
+  for (;;) {
+    std::pair<c10::intrusive_ptr<c10d::Work>, Done> item;
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      cv_.wait(lk, [&] { return stop_ || !pending_.empty(); });
+      if (pending_.empty()) return;  // stopping, nothing left
+      item = std::move(pending_.front());
+      pending_.pop_front();
+    }
+    try {
+      item.first->wait();
+    } catch (const std::exception& e) {
+      const std::string msg = e.what();
+      item.second(&msg);
+      continue;
+    }
+    item.second(nullptr);
+  }
+}
+
 rt::Queue& ProcessGroupNeuron::ordering_queue(c10::DeviceIndex d) {
   int expected = -1;
   queue_device_.compare_exchange_strong(expected, d);
@@ -320,7 +360,8 @@ namespace {
 // Runs one collective on the collective queue of `device`, after the work
 // queued so far on the caller's current stream.
 c10::intrusive_ptr<c10d::Work> run_collective(int rank, const Fingerprint* fp,
-                                              const c10::intrusive_ptr<c10d::Backend>& gloo, rt::Queue& coll,
+                                              const c10::intrusive_ptr<c10d::Backend>& gloo,
+                                              const std::shared_ptr<Completer>& completer, rt::Queue& coll,
                                               c10d::OpType type,
                                               const char* name, c10::DeviceIndex device, bool on_host,
                                               std::vector<at::Tensor> keep,
@@ -330,45 +371,65 @@ c10::intrusive_ptr<c10d::Work> run_collective(int rank, const Fingerprint* fp,
   rt::Queue& compute = current_queue(device);
   auto state = std::make_shared<CollectiveState>();
   auto future = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
+  // Completed by the host when the transport has finished (not when the
+  // queue passes it): the collective queue only *issues* collectives, in
+  // program order, and the transport runs several at once.
   auto done = rt::Event::create(/*timing=*/false);
+  const uint64_t done_version = done->record_external();
   translate([&] {
     auto ready = rt::Event::create(false);
     ready->record(compute);
     ready->block(coll);
     coll.launch(std::make_unique<rt::FunctionKernel>(
-        name, [gloo, type, check, f, issue = std::move(issue), post = std::move(post), state, future, outputs,
-               keep = std::move(keep), name]() mutable {
+        name, [gloo, completer, type, check, f, issue = std::move(issue), post = std::move(post), state, future,
+               outputs, keep = std::move(keep), name, done, done_version]() mutable {
           // Never throws: a failure is the collective's result (raised by
           // wait() and on the streams that wait for it), and the collective
           // queue stays usable for the collectives that follow.
+          // By value: it also runs later, on the transport's thread.
+          auto fail = [state, future, done, done_version, name](const std::string& what) {
+            std::string msg = std::string("neuron collective ") + name + " failed: " + what;
+            auto eptr = std::make_exception_ptr(
+                c10::DistBackendError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, msg));
+            state->finish(eptr, msg, -1);
+            if (!future->completed()) future->setError(eptr);
+            done->complete_external(done_version);
+          };
           const bool p2p =
               type == c10d::OpType::SEND || type == c10d::OpType::RECV || type == c10d::OpType::RECVANYSOURCE;
+          c10::intrusive_ptr<c10d::Work> w;
           try {
             if (check) check_fingerprints(*gloo, f, name, nullptr);
-            c10::intrusive_ptr<c10d::Work> w = issue(*gloo);
-            if (p2p) {
-              {
-                std::lock_guard<std::mutex> g(state->mu);
-                state->transport = w;
-                state->issued = true;
-              }
-              state->cv.notify_all();
-              return;
-            }
-            if (w) w->wait();
-            if (post) post();
+            w = issue(*gloo);
           } catch (const std::exception& e) {
-            std::string msg = std::string("neuron collective ") + name + " failed: " + e.what();
-            auto eptr = std::make_exception_ptr(c10::DistBackendError(
-                {__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, msg));
-            state->finish(eptr, msg, -1);
-            future->setError(eptr);
+            return fail(e.what());
+          }
+          if (p2p) {
+            {
+              std::lock_guard<std::mutex> g(state->mu);
+              state->transport = w;
+              state->issued = true;
+            }
+            state->cv.notify_all();
+            done->complete_external(done_version);  // p2p waits are host waits (wait_p2p)
             return;
           }
-          state->finish(nullptr, "", -1);
-          future->markCompleted(c10::IValue(outputs));
+          // Completion on the completer's thread: the scaling step (AVG),
+          // then the work's state, its future and the device-side event.
+          completer->add(
+              std::move(w), [state, future, outputs, post = std::move(post), done, done_version, fail,
+                             keep](const std::string* error) mutable {
+                if (error) return fail(*error);
+                try {
+                  if (post) post();
+                } catch (const std::exception& e) {
+                  return fail(e.what());
+                }
+                state->finish(nullptr, "", -1);
+                future->markCompleted(c10::IValue(outputs));
+                done->complete_external(done_version);
+              });
         }));
-    done->record(coll);
   });
   return c10::make_intrusive<NeuronWork>(rank, type, name, state, done, device, on_host, std::move(outputs), future);
 }
@@ -415,7 +476,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::broadcast(std::vector<at::Ten
   NEURON_C10D_PLACE("broadcast", tensors)
   auto h = host(tensors);
   const Fingerprint fp = fingerprint(c10d::OpType::BROADCAST, tensors, opts.rootRank);
-  return run_collective(rank_, &fp, gloo_, ordering_queue(d), c10d::OpType::BROADCAST, "c10d::broadcast", d, on_host, tensors, tensors,
+  return run_collective(rank_, &fp, gloo_, completer_, ordering_queue(d), c10d::OpType::BROADCAST, "c10d::broadcast", d, on_host, tensors, tensors,
                         [h, opts](c10d::Backend& g) mutable { return g.broadcast(h, opts); }, nullptr);
 }
 
@@ -427,7 +488,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::allreduce(std::vector<at::Ten
   const int size = size_;
   const Fingerprint fp = fingerprint(c10d::OpType::ALLREDUCE, tensors, -1, opts.reduceOp.op_);
   return run_collective(
-      rank_, &fp, gloo_, ordering_queue(d), c10d::OpType::ALLREDUCE, "c10d::allreduce", d, on_host, tensors, tensors,
+      rank_, &fp, gloo_, completer_, ordering_queue(d), c10d::OpType::ALLREDUCE, "c10d::allreduce", d, on_host, tensors, tensors,
       [h, opts](c10d::Backend& g) mutable {
         for (auto& t : h) premultiply(opts.reduceOp, t);
         c10d::AllreduceOptions o = opts;
@@ -447,7 +508,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::allreduce_coalesced(std::vect
   const int size = size_;
   const Fingerprint fp = fingerprint(c10d::OpType::ALLREDUCE_COALESCED, tensors, -1, opts.reduceOp.op_);
   return run_collective(
-      rank_, &fp, gloo_, ordering_queue(d), c10d::OpType::ALLREDUCE_COALESCED, "c10d::allreduce_coalesced", d, on_host, tensors, tensors,
+      rank_, &fp, gloo_, completer_, ordering_queue(d), c10d::OpType::ALLREDUCE_COALESCED, "c10d::allreduce_coalesced", d, on_host, tensors, tensors,
       [h, opts](c10d::Backend& g) mutable {
         for (auto& t : h) premultiply(opts.reduceOp, t);
         c10d::AllreduceCoalescedOptions o = opts;
@@ -468,7 +529,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::reduce(std::vector<at::Tensor
   const bool root = opts.rootRank == rank_;
   const Fingerprint fp = fingerprint(c10d::OpType::REDUCE, tensors, opts.rootRank, opts.reduceOp.op_);
   return run_collective(
-      rank_, &fp, gloo_, ordering_queue(d), c10d::OpType::REDUCE, "c10d::reduce", d, on_host, tensors, tensors,
+      rank_, &fp, gloo_, completer_, ordering_queue(d), c10d::OpType::REDUCE, "c10d::reduce", d, on_host, tensors, tensors,
       [h, opts](c10d::Backend& g) mutable {
         for (auto& t : h) premultiply(opts.reduceOp, t);
         c10d::ReduceOptions o = opts;
@@ -490,7 +551,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::allgather(std::vector<std::ve
   auto ho = host(outputs);
   auto hi = host(inputs);
   const Fingerprint fp = fingerprint(c10d::OpType::ALLGATHER, inputs);
-  return run_collective(rank_, &fp, gloo_, ordering_queue(d), c10d::OpType::ALLGATHER, "c10d::allgather", d, on_host, all, flatten(outputs),
+  return run_collective(rank_, &fp, gloo_, completer_, ordering_queue(d), c10d::OpType::ALLGATHER, "c10d::allgather", d, on_host, all, flatten(outputs),
                         [ho, hi, opts](c10d::Backend& g) mutable { return g.allgather(ho, hi, opts); }, nullptr);
 }
 
@@ -500,7 +561,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::_allgather_base(at::Tensor& o
   NEURON_C10D_PLACE("all_gather_into_tensor", all)
   at::Tensor ho = host({output})[0], hi = host({input})[0];
   const Fingerprint fp = fingerprint(c10d::OpType::_ALLGATHER_BASE, {input});
-  return run_collective(rank_, &fp, gloo_, ordering_queue(d), c10d::OpType::_ALLGATHER_BASE, "c10d::all_gather_into_tensor", d, on_host, all,
+  return run_collective(rank_, &fp, gloo_, completer_, ordering_queue(d), c10d::OpType::_ALLGATHER_BASE, "c10d::all_gather_into_tensor", d, on_host, all,
                         {output},
                         [ho, hi, opts](c10d::Backend& g) mutable { return g._allgather_base(ho, hi, opts); }, nullptr);
 }
@@ -514,7 +575,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::allgather_coalesced(
   auto ho = host(outputs);
   auto hi = host(inputs);
   const Fingerprint fp = fingerprint(c10d::OpType::ALLGATHER_COALESCED, inputs);
-  return run_collective(rank_, &fp, gloo_, ordering_queue(d), c10d::OpType::ALLGATHER_COALESCED, "c10d::allgather_coalesced", d, on_host, all,
+  return run_collective(rank_, &fp, gloo_, completer_, ordering_queue(d), c10d::OpType::ALLGATHER_COALESCED, "c10d::allgather_coalesced", d, on_host, all,
                         flatten(outputs),
                         [ho, hi, opts](c10d::Backend& g) mutable { return g.allgather_coalesced(ho, hi, opts); },
                         nullptr);
@@ -529,7 +590,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::allgather_into_tensor_coalesc
   auto hi = host(inputs);
   const Fingerprint fp = fingerprint(c10d::OpType::COALESCED, inputs);
   return run_collective(
-      rank_, &fp, gloo_, ordering_queue(d), c10d::OpType::COALESCED, "c10d::allgather_into_tensor_coalesced", d, on_host, all, outputs,
+      rank_, &fp, gloo_, completer_, ordering_queue(d), c10d::OpType::COALESCED, "c10d::allgather_into_tensor_coalesced", d, on_host, all, outputs,
       [ho, hi, opts](c10d::Backend& g) mutable { return g.allgather_into_tensor_coalesced(ho, hi, opts); }, nullptr);
 }
 
@@ -542,7 +603,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::gather(std::vector<std::vecto
   auto ho = host(outputs);
   auto hi = host(inputs);
   const Fingerprint fp = fingerprint(c10d::OpType::GATHER, inputs, opts.rootRank);
-  return run_collective(rank_, &fp, gloo_, ordering_queue(d), c10d::OpType::GATHER, "c10d::gather", d, on_host, all, flatten(outputs),
+  return run_collective(rank_, &fp, gloo_, completer_, ordering_queue(d), c10d::OpType::GATHER, "c10d::gather", d, on_host, all, flatten(outputs),
                         [ho, hi, opts](c10d::Backend& g) mutable { return g.gather(ho, hi, opts); }, nullptr);
 }
 
@@ -555,7 +616,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::scatter(std::vector<at::Tenso
   auto ho = host(outputs);
   auto hi = host(inputs);
   const Fingerprint fp = fingerprint(c10d::OpType::SCATTER, outputs, opts.rootRank);
-  return run_collective(rank_, &fp, gloo_, ordering_queue(d), c10d::OpType::SCATTER, "c10d::scatter", d, on_host, all, outputs,
+  return run_collective(rank_, &fp, gloo_, completer_, ordering_queue(d), c10d::OpType::SCATTER, "c10d::scatter", d, on_host, all, outputs,
                         [ho, hi, opts](c10d::Backend& g) mutable { return g.scatter(ho, hi, opts); }, nullptr);
 }
 
@@ -571,7 +632,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::reduce_scatter(std::vector<at
   const int size = size_;
   const Fingerprint fp = fingerprint(c10d::OpType::REDUCE_SCATTER, outputs, -1, opts.reduceOp.op_);
   return run_collective(
-      rank_, &fp, gloo_, ordering_queue(d), c10d::OpType::REDUCE_SCATTER, "c10d::reduce_scatter", d, on_host, all, outputs,
+      rank_, &fp, gloo_, completer_, ordering_queue(d), c10d::OpType::REDUCE_SCATTER, "c10d::reduce_scatter", d, on_host, all, outputs,
       [ho, hi, opts](c10d::Backend& g) mutable {
         std::vector<std::vector<at::Tensor>> in;
         for (auto& l : hi) in.push_back(premultiplied(opts.reduceOp, l));
@@ -593,7 +654,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::_reduce_scatter_base(at::Tens
   const int size = size_;
   const Fingerprint fp = fingerprint(c10d::OpType::_REDUCE_SCATTER_BASE, {output}, -1, opts.reduceOp.op_);
   return run_collective(
-      rank_, &fp, gloo_, ordering_queue(d), c10d::OpType::_REDUCE_SCATTER_BASE, "c10d::reduce_scatter_tensor", d, on_host, all, {output},
+      rank_, &fp, gloo_, completer_, ordering_queue(d), c10d::OpType::_REDUCE_SCATTER_BASE, "c10d::reduce_scatter_tensor", d, on_host, all, {output},
       [ho, hi, opts](c10d::Backend& g) mutable {
         at::Tensor in = premultiplied(opts.reduceOp, {hi})[0];
         c10d::ReduceScatterOptions o = opts;
@@ -614,7 +675,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::reduce_scatter_tensor_coalesc
   const int size = size_;
   const Fingerprint fp = fingerprint(c10d::OpType::COALESCED, outputs, -1, opts.reduceOp.op_);
   return run_collective(
-      rank_, &fp, gloo_, ordering_queue(d), c10d::OpType::COALESCED, "c10d::reduce_scatter_tensor_coalesced", d, on_host, all, outputs,
+      rank_, &fp, gloo_, completer_, ordering_queue(d), c10d::OpType::COALESCED, "c10d::reduce_scatter_tensor_coalesced", d, on_host, all, outputs,
       [ho, hi, opts](c10d::Backend& g) mutable {
         auto in = premultiplied(opts.reduceOp, hi);
         c10d::ReduceScatterOptions o = opts;
@@ -634,7 +695,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::alltoall_base(at::Tensor& out
   NEURON_C10D_PLACE("all_to_all_single", all)
   at::Tensor ho = host({output})[0], hi = host({input})[0];
   const Fingerprint fp = unsized(fingerprint(c10d::OpType::ALLTOALL_BASE, {input}));
-  return run_collective(rank_, &fp, gloo_, ordering_queue(d), c10d::OpType::ALLTOALL_BASE, "c10d::all_to_all_single", d, on_host, all,
+  return run_collective(rank_, &fp, gloo_, completer_, ordering_queue(d), c10d::OpType::ALLTOALL_BASE, "c10d::all_to_all_single", d, on_host, all,
                         {output},
                         [ho, hi, output_splits, input_splits, opts](c10d::Backend& g) mutable {
                           return g.alltoall_base(ho, hi, output_splits, input_splits, opts);
@@ -651,28 +712,28 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::alltoall(std::vector<at::Tens
   auto ho = host(outputs);
   auto hi = host(inputs);
   const Fingerprint fp = unsized(fingerprint(c10d::OpType::ALLTOALL, inputs));
-  return run_collective(rank_, &fp, gloo_, ordering_queue(d), c10d::OpType::ALLTOALL, "c10d::all_to_all", d, on_host, all, outputs,
+  return run_collective(rank_, &fp, gloo_, completer_, ordering_queue(d), c10d::OpType::ALLTOALL, "c10d::all_to_all", d, on_host, all, outputs,
                         [ho, hi, opts](c10d::Backend& g) mutable { return g.alltoall(ho, hi, opts); }, nullptr);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::send(std::vector<at::Tensor>& tensors, int dst, int tag) {
   NEURON_C10D_PLACE("send", tensors)
   auto h = host(tensors);
-  return run_collective(rank_, nullptr, gloo_, ordering_queue(d), c10d::OpType::SEND, "c10d::send", d, on_host, tensors, tensors,
+  return run_collective(rank_, nullptr, gloo_, completer_, ordering_queue(d), c10d::OpType::SEND, "c10d::send", d, on_host, tensors, tensors,
                         [h, dst, tag](c10d::Backend& g) mutable { return g.send(h, dst, tag); }, nullptr);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::recv(std::vector<at::Tensor>& tensors, int src, int tag) {
   NEURON_C10D_PLACE("recv", tensors)
   auto h = host(tensors);
-  return run_collective(rank_, nullptr, gloo_, ordering_queue(d), c10d::OpType::RECV, "c10d::recv", d, on_host, tensors, tensors,
+  return run_collective(rank_, nullptr, gloo_, completer_, ordering_queue(d), c10d::OpType::RECV, "c10d::recv", d, on_host, tensors, tensors,
                         [h, src, tag](c10d::Backend& g) mutable { return g.recv(h, src, tag); }, nullptr);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
   NEURON_C10D_PLACE("recv", tensors)
   auto h = host(tensors);
-  return run_collective(rank_, nullptr, gloo_, ordering_queue(d), c10d::OpType::RECVANYSOURCE, "c10d::recv", d, on_host, tensors, tensors,
+  return run_collective(rank_, nullptr, gloo_, completer_, ordering_queue(d), c10d::OpType::RECVANYSOURCE, "c10d::recv", d, on_host, tensors, tensors,
                         [h, tag](c10d::Backend& g) mutable { return g.recvAnysource(h, tag); }, nullptr);
 }
 
@@ -680,7 +741,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::barrier(const c10d::BarrierOp
   // Ordered after the current stream's queued work, then every rank meets.
   const c10::DeviceIndex d = current_device();
   const Fingerprint fp = fingerprint(c10d::OpType::BARRIER, {});
-  return run_collective(rank_, &fp, gloo_, ordering_queue(d), c10d::OpType::BARRIER, "c10d::barrier", d, /*on_host=*/true, {}, {},
+  return run_collective(rank_, &fp, gloo_, completer_, ordering_queue(d), c10d::OpType::BARRIER, "c10d::barrier", d, /*on_host=*/true, {}, {},
                         [opts](c10d::Backend& g) mutable {
                           c10d::BarrierOptions o = opts;
                           o.device_ids.clear();  // the transport's barrier is device-free

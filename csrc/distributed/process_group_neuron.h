@@ -14,7 +14,10 @@
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <condition_variable>
+#include <deque>
 #include <memory>
+#include <thread>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -24,6 +27,25 @@ class Queue;
 }
 
 namespace neuronx::distributed {
+
+// Waits for issued transport operations, in issue order, on its own thread,
+// and runs their completion (so the collective queue only issues, and the
+// transport can run several collectives at once).
+class Completer {
+ public:
+  using Done = std::function<void(const std::string* error)>;  // nullptr: success
+  Completer();
+  ~Completer();
+  void add(c10::intrusive_ptr<c10d::Work> work, Done done);
+
+ private:
+  void loop();
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::pair<c10::intrusive_ptr<c10d::Work>, Done>> pending_;
+  bool stop_ = false;
+  std::thread thread_;
+};
 
 class ProcessGroupNeuron final : public c10d::Backend {
  public:
@@ -103,6 +125,7 @@ class ProcessGroupNeuron final : public c10d::Backend {
   std::vector<int> last_split_ranks_;
   c10::intrusive_ptr<c10d::Backend> last_split_;
   std::atomic<int> queue_device_{-1};
+  std::shared_ptr<Completer> completer_ = std::make_shared<Completer>();
 };
 
 }  // namespace neuronx::distributed

@@ -43,6 +43,10 @@ void Event::synchronize() {
   }
 }
 
+uint64_t Event::record_external() { return recorded_.fetch_add(1) + 1; }
+
+void Event::complete_external(uint64_t version) { complete(version, now_ns(), nullptr, nullptr); }
+
 void Event::block(Queue& q) {
   const uint64_t v = recorded_.load();
   if (v == 0) return;  // never recorded: nothing to wait for (CUDA semantics)

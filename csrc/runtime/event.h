@@ -22,6 +22,11 @@ class Event : public std::enable_shared_from_this<Event> {
   bool query() const;            // true when never recorded or the last record completed
   void synchronize();            // blocks; throws Error(kKernelFailed) if the covered work failed
   void block(Queue& q);          // q waits (on the device) for the last record
+  // A record completed by the host instead of a queue (work the device hands
+  // to another agent, e.g. a network transport): returns the version to pass
+  // to complete_external() when that work is done.
+  uint64_t record_external();
+  void complete_external(uint64_t version);
   int device() const { return device_.load(); }
   bool timing() const { return timing_; }
   uint64_t recorded_version() const { return recorded_.load(); }

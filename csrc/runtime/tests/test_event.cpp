@@ -341,3 +341,22 @@ TEST(Event, ElapsedTimeFromConcurrentThreadsInBothOrders) {
 }
 
 }  // namespace
+
+TEST(Event, ExternalRecordBlocksQueuesUntilTheHostCompletesIt) {
+  Rig rig(3);
+  rt::Queue& q = rig.add(0);
+  auto e = rt::Event::create(true);
+  const uint64_t v = e->record_external();
+  EXPECT_FALSE(e->query());
+  std::atomic<bool> ran{false};
+  e->block(q);
+  q.launch(fn("after", [&] { ran = true; }));
+  std::this_thread::sleep_for(20ms);
+  EXPECT_FALSE(ran.load());  // the queue waits for the host
+  std::thread t([&] { e->complete_external(v); });
+  q.synchronize();
+  t.join();
+  EXPECT_TRUE(ran.load());
+  EXPECT_TRUE(e->query());
+  EXPECT_NO_THROW(e->synchronize());
+}

@@ -1,0 +1,146 @@
+"""Collective bandwidth side by side: the `neuron` c10d backend (neuron tensors) against Gloo on
+CPU tensors, in the same two processes, interleaved, medians over repetitions.
+
+    python bench/collectives.py                 # 4 KB .. 256 MB, writes bench/results/collectives-<date>.json
+    python bench/collectives.py --quick         # 4 KB .. 1 MB, 2 repetitions (harness smoke test)
+
+Each timed sample issues `iters` asynchronous collectives back to back and waits for all of them
+(for neuron, then synchronizes the device): algorithm bandwidth = bytes per rank / time per op.
+"""
+import argparse
+import datetime
+import json
+import os
+import pathlib
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20]
+OPS = ("all_reduce", "all_gather_into_tensor")
+
+
+def _iters(nbytes):
+    return max(2, min(200, (64 << 20) // nbytes))
+
+
+def rank_main(args):
+    import torch
+    import torch.distributed as dist
+
+    rank = int(os.environ["RANK"])
+    torch.neuron.set_device(rank)
+    # No device_id: PyTorch's new_group would look for a neuron backend in the Gloo group.
+    dist.init_process_group("neuron")
+    gloo = dist.new_group(backend="gloo")
+    world = dist.get_world_size()
+    sizes = [s for s in SIZES if s <= (1 << 20)] if args.quick else SIZES
+    reps = 2 if args.quick else args.reps
+    rows = []
+    for op in OPS:
+        for nbytes in sizes:
+            n = nbytes // 4
+            bufs = {}
+            for mode in ("gloo_cpu", "neuron"):
+                dev = "cpu" if mode == "gloo_cpu" else "neuron"
+                x = torch.ones(n, device=dev)
+                out = torch.empty(n * world, device=dev) if op == "all_gather_into_tensor" else None
+                bufs[mode] = (x, out)
+
+            def run(mode, iters):
+                x, out = bufs[mode]
+                group = gloo if mode == "gloo_cpu" else None
+                t0 = time.perf_counter()
+                works = []
+                for _ in range(iters):
+                    if op == "all_reduce":
+                        works.append(dist.all_reduce(x, group=group, async_op=True))
+                    else:
+                        works.append(dist.all_gather_into_tensor(out, x, group=group, async_op=True))
+                for w in works:
+                    w.wait()
+                if mode == "neuron":
+                    torch.neuron.synchronize()
+                return (time.perf_counter() - t0) / iters
+
+            iters = _iters(nbytes)
+            for mode in bufs:  # warm-up
+                run(mode, 1)
+            times = {m: [] for m in bufs}
+            for _ in range(reps):  # interleaved
+                for mode in bufs:
+                    dist.barrier(group=gloo)
+                    times[mode].append(run(mode, iters))
+            med = {m: statistics.median(v) for m, v in times.items()}
+            # every rank's medians: report the slowest rank (a collective is as fast as its slowest member)
+            all_med = [None] * world
+            dist.all_gather_object(all_med, med, group=gloo)
+            worst = {m: max(r[m] for r in all_med) for m in med}
+            rows.append({"op": op, "bytes": nbytes, "iters": iters,
+                         "gloo_cpu_GBps": nbytes / worst["gloo_cpu"] / 1e9,
+                         "neuron_GBps": nbytes / worst["neuron"] / 1e9,
+                         "ratio": worst["gloo_cpu"] / worst["neuron"]})
+            if rank == 0:
+                r = rows[-1]
+                print(f"{op:24s} {nbytes:>11d} B  gloo {r['gloo_cpu_GBps']:8.3f} GB/s  neuron {r['neuron_GBps']:8.3f} GB/s"
+                      f"  ratio {r['ratio']:.2f}", flush=True)
+    if rank == 0:
+        with open(args.result, "w") as f:
+            json.dump({"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                       "world_size": world, "repetitions": reps, "rows": rows}, f, indent=1)
+    dist.destroy_process_group()
+
+
+def markdown(result):
+    lines = ["| collective | size | Gloo CPU GB/s | neuron GB/s | neuron / Gloo |", "|---|---|---|---|---|"]
+    for r in result["rows"]:
+        size = f"{r['bytes'] >> 20} MB" if r["bytes"] >= 1 << 20 else f"{r['bytes'] >> 10} KB"
+        lines.append(f"| {r['op']} | {size} | {r['gloo_cpu_GBps']:.3f} | {r['neuron_GBps']:.3f} | {r['ratio']:.2f}x |")
+    return "\n".join(lines)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="4 KB .. 1 MB, 2 repetitions")
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--out", default=None, help="result JSON (default bench/results/collectives-<date>.json)")
+    p.add_argument("--docs", action="store_true", help="write the table into docs/distributed.md")
+    p.add_argument("--rank-main", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--result", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.rank_main:
+        return rank_main(args)
+    out = pathlib.Path(args.out or pathlib.Path(__file__).parent / "results" /
+                       f"collectives-{datetime.date.today().isoformat()}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for r in range(2):
+        env = dict(os.environ, RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        cmd = [sys.executable, __file__, "--rank-main", "--result", str(out), "--reps", str(args.reps)]
+        procs.append(subprocess.Popen(cmd + (["--quick"] if args.quick else []), env=env))
+    rcs = [p.wait() for p in procs]
+    if any(rcs):
+        sys.exit(f"a rank failed: exit codes {rcs}")
+    result = json.loads(out.read_text())
+    table = markdown(result)
+    print(table)
+    print(f"wrote {out}")
+    if args.docs:
+        doc = pathlib.Path(__file__).resolve().parent.parent / "docs" / "distributed.md"
+        text = doc.read_text()
+        begin, end = "<!-- collectives:begin -->", "<!-- collectives:end -->"
+        head, rest = text.split(begin)
+        _, tail = rest.split(end)
+        note = (f"Measured {result['date']} on this machine (2 ranks, {result['repetitions']} interleaved "
+                f"repetitions; above 1 means neuron moves more data per second):")
+        doc.write_text(f"{head}{begin}\n{note}\n\n{table}\n{end}{tail}")
+        print(f"updated {doc}")
+
+
+if __name__ == "__main__":
+    main()
