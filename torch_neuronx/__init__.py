@@ -59,7 +59,10 @@ def reset_metrics():
 
 
 def _shutdown():
-    # Let queued work finish before the interpreter tears down tensors it uses.
+    # Let queued work finish before the interpreter tears down tensors it uses;
+    # collectives complete on threads that must not outlive the interpreter's Python objects.
+    _C._distributed._drain(30.0)
+    _C._distributed._shutdown()
     if _C._is_initialized() and not _C._in_bad_fork():
         for d in range(_C._device_count()):
             try:

@@ -15,6 +15,10 @@ void bind(py::module& parent) {
   // The base class is torch's binding of c10d::Backend: make sure it is loaded.
   py::module::import("torch._C._distributed_c10d");
   py::module m = parent.def_submodule("_distributed", "c10d backend 'neuron'");
+  m.def("_drain", [](double seconds) {
+    return Completer::drain(std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)));
+  }, py::call_guard<py::gil_scoped_release>());
+  m.def("_shutdown", &ProcessGroupNeuron::shutdown_all, py::call_guard<py::gil_scoped_release>());
   py::class_<ProcessGroupNeuron, c10d::Backend, c10::intrusive_ptr<ProcessGroupNeuron>>(m, "ProcessGroupNeuron")
       .def(py::init([](const c10::intrusive_ptr<c10d::Backend>& transport, int rank, int size,
                        std::chrono::milliseconds timeout) {

@@ -3,6 +3,7 @@
 #include <ATen/ops/empty.h>
 #include <torch/csrc/distributed/c10d/exception.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <mutex>
 
@@ -291,9 +292,39 @@ using Post = std::function<void()>;
 
 }  // namespace
 
+namespace {
+std::mutex g_groups_mu;
+std::vector<ProcessGroupNeuron*> g_groups;  // live groups
+bool g_shut_down = false;
+}  // namespace
+
+ProcessGroupNeuron::~ProcessGroupNeuron() {
+  std::lock_guard<std::mutex> g(g_groups_mu);
+  g_groups.erase(std::remove(g_groups.begin(), g_groups.end(), this), g_groups.end());
+}
+
+void ProcessGroupNeuron::shutdown_all() {
+  std::vector<c10::intrusive_ptr<c10d::Backend>> transports;
+  {
+    std::lock_guard<std::mutex> g(g_groups_mu);
+    g_shut_down = true;
+    for (ProcessGroupNeuron* pg : g_groups) {
+      transports.push_back(std::move(pg->gloo_));
+      pg->last_split_.reset();
+      pg->last_split_store_.reset();
+    }
+  }
+  transports.clear();  // the caller has released the GIL
+}
+
 ProcessGroupNeuron::ProcessGroupNeuron(c10::intrusive_ptr<c10d::Backend> transport, int rank, int size,
                                        std::chrono::milliseconds timeout)
     : c10d::Backend(rank, size), gloo_(std::move(transport)), timeout_(timeout) {
+  {
+    std::lock_guard<std::mutex> g(g_groups_mu);
+    TORCH_CHECK(!g_shut_down, "the neuron distributed backend was shut down (interpreter exit)");
+    g_groups.push_back(this);
+  }
   TORCH_CHECK_VALUE(gloo_, "ProcessGroupNeuron needs a transport backend");
   TORCH_CHECK_VALUE(gloo_->getRank() == rank && gloo_->getSize() == size,
                     "ProcessGroupNeuron: transport is rank ", gloo_->getRank(), " of ", gloo_->getSize(),
@@ -315,7 +346,22 @@ Completer::~Completer() {
   thread_.join();
 }
 
+namespace {
+std::mutex g_pending_mu;
+std::condition_variable g_pending_cv;
+int64_t g_pending = 0;  // completions queued or running, all groups
+}  // namespace
+
+bool Completer::drain(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lk(g_pending_mu);
+  return g_pending_cv.wait_for(lk, timeout, [] { return g_pending == 0; });
+}
+
 void Completer::add(c10::intrusive_ptr<c10d::Work> work, Done done) {
+  {
+    std::lock_guard<std::mutex> g(g_pending_mu);
+    ++g_pending;
+  }
   {
     std::lock_guard<std::mutex> g(mu_);
     pending_.emplace_back(std::move(work), std::move(done));
@@ -333,18 +379,26 @@ void Completer::loop() {
       item = std::move(pending_.front());
       pending_.pop_front();
     }
+    std::string error;
+    bool failed = false;
     try {
       item.first->wait();
     } catch (const std::exception& e) {
-      const std::string msg = e.what();
-      item.second(&msg);
-      continue;
+      error = e.what();
+      failed = true;
     }
-    item.second(nullptr);
+    item.second(failed ? &error : nullptr);
+    item = {};  // drop the work and the callback before counting it done
+    {
+      std::lock_guard<std::mutex> g(g_pending_mu);
+      --g_pending;
+    }
+    g_pending_cv.notify_all();
   }
 }
 
 rt::Queue& ProcessGroupNeuron::ordering_queue(c10::DeviceIndex d) {
+  TORCH_CHECK(gloo_, "neuron process group used after the interpreter began to exit");
   int expected = -1;
   queue_device_.compare_exchange_strong(expected, d);
   return runtime_device(static_cast<c10::DeviceIndex>(queue_device_.load())).collective_queue();
@@ -416,17 +470,29 @@ c10::intrusive_ptr<c10d::Work> run_collective(int rank, const Fingerprint* fp,
           }
           // Completion on the completer's thread: the scaling step (AVG),
           // then the work's state, its future and the device-side event.
+          // The tensors move along: the caller's tensors (with their Python
+          // objects) are released here before the caller can see completion,
+          // never by this thread afterwards (possibly during interpreter exit).
           completer->add(
-              std::move(w), [state, future, outputs, post = std::move(post), done, done_version, fail,
-                             keep](const std::string* error) mutable {
-                if (error) return fail(*error);
-                try {
-                  if (post) post();
-                } catch (const std::exception& e) {
-                  return fail(e.what());
+              std::move(w), [state, future, outputs = std::move(outputs), post = std::move(post), done,
+                             done_version, fail, keep = std::move(keep)](const std::string* error) mutable {
+                std::string what = error ? *error : "";
+                if (!error) {
+                  try {
+                    if (post) post();
+                  } catch (const std::exception& e) {
+                    what = e.what();
+                    error = &what;
+                  }
                 }
+                keep.clear();
+                if (error) {
+                  outputs.clear();
+                  return fail(what);
+                }
+                future->markCompleted(c10::IValue(std::move(outputs)));
+                outputs.clear();
                 state->finish(nullptr, "", -1);
-                future->markCompleted(c10::IValue(outputs));
                 done->complete_external(done_version);
               });
         }));

@@ -37,6 +37,8 @@ class Completer {
   Completer();
   ~Completer();
   void add(c10::intrusive_ptr<c10d::Work> work, Done done);
+  // Waits until every group's completions have run (at interpreter exit).
+  static bool drain(std::chrono::milliseconds timeout);
 
  private:
   void loop();
@@ -110,7 +112,14 @@ class ProcessGroupNeuron final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
 
+  ~ProcessGroupNeuron() override;
   c10::intrusive_ptr<c10d::Backend> transport() const { return gloo_; }
+
+  // At interpreter exit (atexit, Python still alive): destroys every group's
+  // transport, with the GIL released so its threads can drop the Python
+  // objects they hold. Left to the interpreter's teardown, a transport thread
+  // would take the GIL during finalization and abort the process.
+  static void shutdown_all();
 
  private:
   // Every collective of the group goes through one queue (the collective
