@@ -548,38 +548,37 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::broadcast(std::vector<at::Ten
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::allreduce(std::vector<at::Tensor>& tensors,
                                                              const c10d::AllreduceOptions& opts) {
-  NEURON_C10D_PLACE("allreduce", tensors)
-  check_reduce_op("allreduce", opts.reduceOp, tensors);
-  auto h = host(tensors);
-  const int size = size_;
-  const Fingerprint fp = fingerprint(c10d::OpType::ALLREDUCE, tensors, -1, opts.reduceOp.op_);
-  return run_collective(
-      rank_, &fp, gloo_, completer_, ordering_queue(d), c10d::OpType::ALLREDUCE, "c10d::allreduce", d, on_host, tensors, tensors,
-      [h, opts](c10d::Backend& g) mutable {
-        for (auto& t : h) premultiply(opts.reduceOp, t);
-        c10d::AllreduceOptions o = opts;
-        o.reduceOp = transport_op(opts.reduceOp);
-        return g.allreduce(h, o);
-      },
-      [h, op = opts.reduceOp, size]() mutable {
-        for (auto& t : h) average(op, t, size);
-      });
+  return allreduce_impl(tensors, opts, /*coalesced=*/false);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                                        const c10d::AllreduceCoalescedOptions& opts) {
-  NEURON_C10D_PLACE("allreduce_coalesced", tensors)
-  check_reduce_op("allreduce_coalesced", opts.reduceOp, tensors);
+  return allreduce_impl(tensors, opts, /*coalesced=*/true);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::allreduce_impl(std::vector<at::Tensor>& tensors,
+                                                                  const c10d::AllreduceOptions& opts, bool coalesced) {
+  const char* name = coalesced ? "allreduce_coalesced" : "allreduce";
+  const auto type = coalesced ? c10d::OpType::ALLREDUCE_COALESCED : c10d::OpType::ALLREDUCE;
+  NEURON_C10D_PLACE(name, tensors)
+  check_reduce_op(name, opts.reduceOp, tensors);
   auto h = host(tensors);
   const int size = size_;
-  const Fingerprint fp = fingerprint(c10d::OpType::ALLREDUCE_COALESCED, tensors, -1, opts.reduceOp.op_);
+  const Fingerprint fp = fingerprint(type, tensors, -1, opts.reduceOp.op_);
   return run_collective(
-      rank_, &fp, gloo_, completer_, ordering_queue(d), c10d::OpType::ALLREDUCE_COALESCED, "c10d::allreduce_coalesced", d, on_host, tensors, tensors,
-      [h, opts](c10d::Backend& g) mutable {
+      rank_, &fp, gloo_, completer_, ordering_queue(d), type, coalesced ? "c10d::allreduce_coalesced" : "c10d::allreduce",
+      d, on_host, tensors, tensors,
+      [h, opts, coalesced](c10d::Backend& g) mutable {
         for (auto& t : h) premultiply(opts.reduceOp, t);
-        c10d::AllreduceCoalescedOptions o = opts;
+        if (coalesced) {
+          c10d::AllreduceCoalescedOptions o;
+          o.reduceOp = transport_op(opts.reduceOp);
+          o.timeout = opts.timeout;
+          return g.allreduce_coalesced(h, o);
+        }
+        c10d::AllreduceOptions o = opts;
         o.reduceOp = transport_op(opts.reduceOp);
-        return g.allreduce_coalesced(h, o);
+        return g.allreduce(h, o);
       },
       [h, op = opts.reduceOp, size]() mutable {
         for (auto& t : h) average(op, t, size);

@@ -122,6 +122,9 @@ class ProcessGroupNeuron final : public c10d::Backend {
   static void shutdown_all();
 
  private:
+  c10::intrusive_ptr<c10d::Work> allreduce_impl(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts,
+                                                bool coalesced);
+
   // Every collective of the group goes through one queue (the collective
   // queue of the first device it used), whatever the tensors' device or the
   // calling thread: the transport must see them in program order.
