@@ -35,6 +35,8 @@ $(DEPS_STAMP): pyproject.toml | $(PYTHON)
 	$(PYTHON) -m pip install -q --upgrade pip setuptools wheel
 	$(PYTHON) -m pip install -q torch==2.13.0
 	$(PYTHON) -m pip install -q cmake ninja pytest numpy safetensors expecttest "torch==2.13.0"
+	# Hugging Face stack, pinned as in pyproject's [hf] extra; torch pinned in the same resolve.
+	$(PYTHON) -m pip install -q "transformers==5.24.0" "accelerate==1.15.0" "peft==0.21.2" "torch==2.13.0"
 	touch $@
 
 build: $(DEPS_STAMP) $(SYS_STAMP)
