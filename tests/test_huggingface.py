@@ -80,3 +80,82 @@ def test_trainer_single_process_bf16_checkpoint_resume(tiny_dir, tmp_path):
     r.train(resume_from_checkpoint=str(ckpt))
     resumed = [h["loss"] for h in r.state.log_history if "loss" in h and h["step"] > 3]
     torch.testing.assert_close(torch.tensor(resumed), torch.tensor(losses[3:]), rtol=1e-3, atol=1e-3)
+
+
+@pytest.fixture(scope="module")
+def tiny_with_tokenizer(tmp_path_factory):
+    """A tiny Llama with a word-level tokenizer built offline ("w0" .. "w127")."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"w{i}": i for i in range(128)}
+    vocab["<unk>"] = 0
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", pad_token="w1", eos_token="w2")
+    cfg = _config()
+    cfg.pad_token_id, cfg.eos_token_id = 1, 2
+    torch.manual_seed(0)
+    d = tmp_path_factory.mktemp("tiny-llama-tok")
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(d)
+    fast.save_pretrained(d)
+    return d
+
+
+def test_text_generation_pipeline_matches_cpu(tiny_with_tokenizer):
+    from transformers import pipeline
+
+    dev = pipeline("text-generation", model=str(tiny_with_tokenizer), device="neuron")
+    cpu = pipeline("text-generation", model=str(tiny_with_tokenizer), device="cpu")
+    assert dev.model.device.type == "neuron"
+    prompt = "w5 w6 w7 w8"
+    out = dev(prompt, max_new_tokens=6, do_sample=False)
+    assert out == cpu(prompt, max_new_tokens=6, do_sample=False)
+    assert out[0]["generated_text"].startswith(prompt)
+
+
+def test_peft_lora_trains_on_neuron_and_reloads_on_cpu(tiny_dir, tmp_path):
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_dir).to("neuron"),
+                           LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0))
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    assert trainable and all(p.device.type == "neuron" for p in trainable)
+    opt = torch.optim.AdamW(trainable, lr=1e-2)
+    x = torch.randint(3, 128, (4, 12), generator=torch.Generator().manual_seed(2)).to("neuron")
+    losses = []
+    for _ in range(5):
+        loss = model(input_ids=x, labels=x).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0]
+    model.save_pretrained(tmp_path)  # adapters only
+    reloaded = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_dir), tmp_path)
+    torch.testing.assert_close(reloaded(input_ids=x.cpu()).logits, model(input_ids=x).logits.cpu(),
+                               rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "accelerate"])
+def test_trainer_two_processes_multi_neuron_ddp(launcher, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    script = os.path.join(os.path.dirname(__file__), "huggingface", "trainer_ddp.py")
+    bindir = os.path.dirname(sys.executable)
+    cmd = ([os.path.join(bindir, "torchrun"), "--standalone", "--nproc-per-node", "2"] if launcher == "torchrun"
+           else [os.path.join(bindir, "accelerate"), "launch", "--num_processes", "2", "--main_process_port", "0"])
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCH_NEURONX_", "NEURON_"))}
+    r = subprocess.run(cmd + [script, str(tmp_path)], capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    import json
+
+    res = [json.loads((tmp_path / f"rank{i}.json").read_text()) for i in range(2)]
+    for i, x in enumerate(res):
+        assert x["distributed_type"] == "DistributedType.MULTI_NEURON" and x["backend"] == "neuron"
+        assert x["device"] == f"neuron:{i}" and x["wrapped"] == "DistributedDataParallel"
+        assert len(x["losses"]) == 4
+    assert res[0]["losses"] == res[1]["losses"]
+    assert res[0]["param_sum"] == res[1]["param_sum"]  # replicas stay identical

@@ -2,12 +2,29 @@
 #include "backend/common.h"
 
 #include <array>
+#include <cstdlib>
 
 namespace neuronx {
 
 namespace {
 constexpr int kMaxDevices = 64;
-thread_local c10::DeviceIndex t_device = 0;
+thread_local c10::DeviceIndex t_device = -1;  // -1: the process default
+
+// A process launched by torchrun (LOCAL_RANK set) starts on neuron:{LOCAL_RANK}
+// (modulo the visible cores), so per-rank code that uses the current device,
+// as accelerate's MULTI_NEURON state does, lands on its own core. Otherwise 0.
+c10::DeviceIndex process_default_device() {
+  static const c10::DeviceIndex d = [] {
+    const char* lr = std::getenv("LOCAL_RANK");
+    const int n = rt::device_count();
+    if (!lr || n <= 0) return c10::DeviceIndex{0};
+    char* end = nullptr;
+    const long v = std::strtol(lr, &end, 10);
+    if (end == lr || *end != '\0' || v < 0) return c10::DeviceIndex{0};
+    return static_cast<c10::DeviceIndex>(v % n);
+  }();
+  return d;
+}
 thread_local std::array<uint64_t, kMaxDevices> t_stream{};  // 0 = default queue
 }  // namespace
 
@@ -57,7 +74,7 @@ rt::Device& runtime_device(c10::DeviceIndex d) {
   return translate([&]() -> rt::Device& { return rt::device(d); });
 }
 
-c10::DeviceIndex current_device() { return t_device; }
+c10::DeviceIndex current_device() { return t_device >= 0 ? t_device : process_default_device(); }
 
 void set_current_device(c10::DeviceIndex d) {
   runtime_device(d);  // validates the index with a clear message
