@@ -47,13 +47,16 @@ def test_save_pretrained_from_device_reloads_bitwise(tiny_dir, tmp_path):
         assert torch.equal(a.cpu(), b), k
 
 
-class _Tokens(torch.utils.data.Dataset):
-    def __len__(self):
-        return 32
+def _tokens():
+    """The token dataset of the multi-process Trainer job (tests/huggingface/trainer_ddp.py)."""
+    import importlib.util
+    import pathlib
 
-    def __getitem__(self, i):
-        ids = torch.randint(1, 128, (16,), generator=torch.Generator().manual_seed(i))
-        return {"input_ids": ids, "labels": ids}
+    spec = importlib.util.spec_from_file_location(
+        "trainer_ddp", pathlib.Path(__file__).resolve().parent / "huggingface" / "trainer_ddp.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.Tokens()
 
 
 def test_trainer_single_process_bf16_checkpoint_resume(tiny_dir, tmp_path):
@@ -63,7 +66,7 @@ def test_trainer_single_process_bf16_checkpoint_resume(tiny_dir, tmp_path):
                                  logging_steps=1, save_steps=3, eval_strategy="steps", eval_steps=3,
                                  per_device_eval_batch_size=4, seed=0, disable_tqdm=True)
         model = AutoModelForCausalLM.from_pretrained(tiny_dir)
-        return Trainer(model=model, args=args, train_dataset=_Tokens(), eval_dataset=_Tokens())
+        return Trainer(model=model, args=args, train_dataset=_tokens(), eval_dataset=_tokens())
 
     t = trainer(6)
     assert t.args.device == torch.device("neuron", 0)  # detected, no environment variables

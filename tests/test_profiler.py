@@ -111,7 +111,7 @@ def test_profiles_back_to_back_and_cpu_only_profiles():
         with profile(activities=ACTS) as prof:
             (a + 1).sum().item()
         names = {e.name for e in _device_events(prof)}
-        assert {"aten::add.Tensor", "neuron::copy_d2h"} <= names or "aten::add" in str(names)
+        assert {"aten::add.Tensor", "aten::sum.dim_IntList"} <= names
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         (a * 2).sum().item()
     assert not _device_events(prof)

@@ -144,7 +144,7 @@ Fingerprint fingerprint(c10d::OpType type, const std::vector<at::Tensor>& key, i
 
 // Allgathers the fingerprints (fixed size, so this exchange itself cannot
 // mismatch) and throws the same description of the mismatch on every rank.
-void check_fingerprints(c10d::Backend& g, const Fingerprint& f, const char* name, std::vector<std::string>* names) {
+void check_fingerprints(c10d::Backend& g, const Fingerprint& f) {
   const int n = g.getSize();
   at::Tensor mine = at::empty({Fingerprint::kFields}, at::kLong);
   auto* m = mine.data_ptr<int64_t>();
@@ -163,7 +163,6 @@ void check_fingerprints(c10d::Backend& g, const Fingerprint& f, const char* name
     const auto op = static_cast<c10d::OpType>(o.op);
     msg += "\n  rank " + std::to_string(r) + ": " + o.describe(c10d::opTypeToString(op).c_str());
   }
-  (void)name, (void)names;
   throw std::runtime_error(msg + "\nEvery rank must make the same collective calls in the same order.");
 }
 
@@ -453,7 +452,7 @@ c10::intrusive_ptr<c10d::Work> run_collective(int rank, const Fingerprint* fp,
               type == c10d::OpType::SEND || type == c10d::OpType::RECV || type == c10d::OpType::RECVANYSOURCE;
           c10::intrusive_ptr<c10d::Work> w;
           try {
-            if (check) check_fingerprints(*gloo, f, name, nullptr);
+            if (check) check_fingerprints(*gloo, f);
             w = issue(*gloo);
           } catch (const std::exception& e) {
             return fail(e.what());
