@@ -14,7 +14,7 @@ export CCACHE_BASEDIR ?= $(CURDIR)
 export CCACHE_NOHASHDIR ?= 1
 PYTEST_ARGS ?= -q
 
-.PHONY: all build demo test test-runtime test-python test-conformance conformance bench bench-quick clean
+.PHONY: all build demo test test-runtime test-python test-conformance conformance hf-sweep bench bench-quick clean
 
 all: build
 
@@ -36,7 +36,8 @@ $(DEPS_STAMP): pyproject.toml | $(PYTHON)
 	$(PYTHON) -m pip install -q torch==2.13.0
 	$(PYTHON) -m pip install -q cmake ninja pytest numpy safetensors expecttest "torch==2.13.0"
 	# Hugging Face stack, pinned as in pyproject's [hf] extra; torch pinned in the same resolve.
-	$(PYTHON) -m pip install -q "transformers==5.24.0" "accelerate==1.15.0" "peft==0.21.2" "torch==2.13.0"
+	$(PYTHON) -m pip install -q "transformers==5.24.0" "accelerate==1.15.0" "peft==0.21.2" "trl==1.16.0" \
+	  "diffusers==0.42.1" "torch==2.13.0"
 	touch $@
 
 build: $(DEPS_STAMP) $(SYS_STAMP)
@@ -66,6 +67,10 @@ test: test-runtime test-python test-conformance
 # The full sweep (~12 min on 2 cores): regenerates docs/op_support.md.
 conformance: build
 	$(PYTHON) -m torch_neuronx.conformance --jobs 2 --out build/conformance --docs docs/op_support.md
+
+# The Hugging Face architecture sweep (~1 min on 2 cores): regenerates docs/hf_support.md.
+hf-sweep: build
+	$(PYTHON) -m torch_neuronx.hf_sweep --jobs 2 --out build/hf-sweep --docs docs/hf_support.md
 
 # Full benchmark (~3 min on 2 cores): regenerates docs/performance.md.
 bench: build

@@ -1284,3 +1284,22 @@ def test_norms_run_cpus_fused_kernels(dtype):
     v1, v2 = rand(5, seed=15).to(dtype), rand(6, seed=16).to(dtype)
     m = rand(5, 6, seed=17).to(dtype)
     compare(torch.addr(m.to(DEV), v1.to(DEV), v2.to(DEV)), torch.addr(m, v1, v2), exact=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.uint8])
+def test_histc_counts_integer_inputs_as_cuda_does(dtype):
+    # CPU's histc takes floating point only; CUDA (and Hugging Face's MoE routing on any
+    # accelerator) counts integer inputs and returns counts of the input's dtype.
+    x = torch.randint(0, 9, (257,), dtype=dtype, generator=torch.Generator().manual_seed(0))
+    expected = torch.histc(x.double(), bins=9, min=0, max=8).to(dtype)
+    got = torch.histc(x.to("neuron"), bins=9, min=0, max=8)
+    assert got.dtype == dtype and torch.equal(got.cpu(), expected)
+    auto_range = torch.histc(x.to("neuron"), bins=4)  # min=max=0: the data's range
+    assert torch.equal(auto_range.cpu(), torch.histc(x.double(), bins=4).to(dtype))
+    out = torch.empty(0, dtype=dtype, device="neuron")
+    torch.histc(x.to("neuron"), bins=9, min=0, max=8, out=out)
+    assert torch.equal(out.cpu(), expected)
+    with pytest.raises(RuntimeError, match="same dtype"):
+        torch.histc(x.to("neuron"), bins=3, out=torch.empty(0, device="neuron"))
+    floats = torch.randn(100)
+    assert torch.equal(torch.histc(floats.to("neuron"), bins=7).cpu(), torch.histc(floats, bins=7))

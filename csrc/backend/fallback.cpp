@@ -433,6 +433,8 @@ std::shared_ptr<MetaResult> run_meta(OpAnalysis& a, c10::ArrayRef<c10::IValue> a
   return r;
 }
 
+}  // namespace
+
 void neuron_fallback(const c10::OperatorHandle& op, c10::Stack* stack) {
   OpAnalysis& a = analysis_for(op);
   auto args = torch::jit::last(*stack, a.num_args);
@@ -587,8 +589,6 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::Stack* stack) {
   torch::jit::drop(*stack, a.num_args);
   for (auto& r : results) stack->push_back(std::move(r));
 }
-
-}  // namespace
 
 bool OpAnalysis::validated(const std::string& dtype_key) {
   std::lock_guard<std::mutex> g(validated_mu_);

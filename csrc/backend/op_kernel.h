@@ -92,4 +92,8 @@ class OpKernel final : public rt::Kernel {
   bool validating_ = false;
 };
 
+// The boxed kernel every aten op without a neuron kernel of its own goes
+// through: the CPU kernel run on the device's queue over device memory.
+void neuron_fallback(const c10::OperatorHandle& op, c10::Stack* stack);
+
 }  // namespace neuronx

@@ -1,7 +1,6 @@
 """Command line of the conformance sweep."""
 import argparse
 import fnmatch
-import json
 import os
 import platform
 import sys
@@ -10,7 +9,7 @@ import time
 import torch
 
 from . import report
-from .runner import run_units
+from .runner import progress_printer, run_units, write_outputs
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 QUICK_BASELINE = os.path.join(HERE, "quick_baseline.txt")
@@ -159,13 +158,7 @@ def main(argv=None):
     def on_result(unit, ev):
         records.append({"kind": unit["kind"], "name": unit["name"], "dtype": unit["dtype"], **ev})
 
-    last = [0.0]
-
-    def progress(done, total):
-        if time.time() - last[0] > 10 or done == total:
-            last[0] = time.time()
-            print(f"  {done}/{total} units, {len(records)} cases, {time.time() - t0:.0f} s", flush=True)
-
+    progress = progress_printer("units", records)
     print(f"conformance: {len(units)} units on {args.jobs} worker(s)", flush=True)
     crashes = run_units(units, args.jobs, args.timeout, on_result, os.path.join(args.out, "worker.log"), progress)
     elapsed = time.time() - t0
@@ -173,14 +166,7 @@ def main(argv=None):
             "seconds": round(elapsed, 1), "crashes": crashes, "quick": args.quick,
             "argv": argv if argv is not None else sys.argv[1:], "date": time.strftime("%Y-%m-%d")}
     records.sort(key=lambda r: (r["kind"], r["name"], r["dtype"] or "", r["id"]))
-    with open(os.path.join(args.out, "results.json"), "w") as f:
-        json.dump({"meta": meta, "results": records}, f)
-    md = report.markdown(records, meta)
-    with open(os.path.join(args.out, "report.md"), "w") as f:
-        f.write(md)
-    if args.docs:
-        with open(args.docs, "w") as f:
-            f.write(md)
+    write_outputs(args.out, meta, records, report.markdown(records, meta), args.docs)
     print(report.summary_text(records, meta))
     if args.write_baseline:
         with open(args.write_baseline, "w") as f:

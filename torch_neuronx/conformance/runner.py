@@ -10,10 +10,10 @@ import time
 
 
 class Worker:
-    def __init__(self, log):
+    def __init__(self, log, module):
         r, w = os.pipe()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "torch_neuronx.conformance.worker", str(w)],
+            [sys.executable, "-m", module, str(w)],
             stdin=subprocess.PIPE, stdout=log, stderr=log, pass_fds=(w,), text=True,
             env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"})
         os.close(w)
@@ -40,8 +40,31 @@ class Worker:
         self.events.close()
 
 
-def run_units(units, jobs, timeout, on_result, log_path=os.devnull, progress=None):
-    """Run ``units`` on ``jobs`` workers; ``on_result(unit, record)`` receives every case result."""
+def progress_printer(what, records, every=10.0):
+    """A ``progress`` callback for ``run_units`` printing ``done/total <what>`` at most every
+    ``every`` seconds (and at the end), with the number of case results so far."""
+    t0, last = time.time(), [0.0]
+
+    def progress(done, total):
+        if time.time() - last[0] > every or done == total:
+            last[0] = time.time()
+            print(f"  {done}/{total} {what}, {len(records)} cases, {time.time() - t0:.0f} s", flush=True)
+    return progress
+
+
+def write_outputs(out_dir, meta, records, markdown, docs=None):
+    """Write results.json and report.md under ``out_dir`` (and the report to ``docs``)."""
+    with open(os.path.join(out_dir, "results.json"), "w") as f:
+        json.dump({"meta": meta, "results": records}, f)
+    for path in [os.path.join(out_dir, "report.md")] + ([docs] if docs else []):
+        with open(path, "w") as f:
+            f.write(markdown)
+
+
+def run_units(units, jobs, timeout, on_result, log_path=os.devnull, progress=None,
+              worker_module="torch_neuronx.conformance.worker"):
+    """Run ``units`` on ``jobs`` workers; ``on_result(unit, record)`` receives every case result.
+    ``worker_module`` is the worker's ``python -m`` name (it speaks ``worker.serve``'s protocol)."""
     pending = list(units)
     total = len(pending)
     log = open(log_path, "a")
@@ -51,7 +74,7 @@ def run_units(units, jobs, timeout, on_result, log_path=os.devnull, progress=Non
     done_units = 0
 
     def spawn():
-        w = Worker(log)
+        w = Worker(log, worker_module)
         sel.register(w.events, selectors.EVENT_READ, w)
         workers.append(w)
         return w
@@ -88,7 +111,7 @@ def run_units(units, jobs, timeout, on_result, log_path=os.devnull, progress=Non
                 if w.unit is not None:
                     fail_inflight(w, why)
                 elif not w.ready:
-                    raise RuntimeError(f"conformance worker failed to start ({why}); see {log_path}")
+                    raise RuntimeError(f"sweep worker failed to start ({why}); see {log_path}")
                 workers.remove(w)
                 w.events.close()
                 spawn()

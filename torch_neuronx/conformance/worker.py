@@ -62,10 +62,12 @@ def _fault():
     return kind, cid
 
 
-def main():
+def serve(make_registry):
+    """The worker loop: ``make_registry()`` returns an object whose ``cases(unit)`` yields
+    ``(case_id, category, thunk)``; each thunk returns ``(bitwise, note)`` or raises."""
     out = os.fdopen(int(sys.argv[1]), "w", buffering=1)
     fault, fault_id = _fault()
-    reg = Registry()
+    reg = make_registry()
     out.write(json.dumps({"t": "ready"}) + "\n")
     for line in sys.stdin:
         unit = json.loads(line)
@@ -96,4 +98,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    serve(Registry)
