@@ -64,11 +64,30 @@ def _shutdown():
     _C._distributed._drain(30.0)
     _C._distributed._shutdown()
     if _C._is_initialized() and not _C._in_bad_fork():
+        _quiesce_autograd_device_threads()  # first: it queues kernels the synchronize below waits for
         for d in range(_C._device_count()):
             try:
                 _C._synchronize(d)
             except RuntimeError:
                 pass
+
+
+def _quiesce_autograd_device_threads():
+    # The autograd engine runs neuron backward nodes on a thread per device. That thread drops its
+    # last reference to a finished graph task just after the caller's backward() returned; the
+    # task holds the Python context torch stashed for it, whose release needs the GIL. If the
+    # interpreter is already finalizing by then, the thread is forced to exit inside a noexcept
+    # destructor and the process aborts ("terminate called without an active exception").
+    # One more backward through the C++ engine per device (without a stashed context) is served
+    # by that thread only after it finished the previous task, and leaves nothing Python-owned.
+    engine = torch.autograd.Variable._execution_engine
+    for d in range(_C._device_count()):
+        try:
+            x = torch.zeros((), device=torch.device("neuron", d), requires_grad=True)
+            y = x * 1.0
+            engine.run_backward((y,), (torch.ones_like(y),), False, False, (), True, True)
+        except Exception:  # exiting: a failed device must not turn into a failed exit
+            pass
 
 
 _atexit.register(_shutdown)
