@@ -28,6 +28,9 @@ void register_direct_fallbacks();
 void register_sparse_kernels();
 void init_autocast_dtype();
 void bind_memory_snapshot(py::module& m);
+namespace compiler {
+void bind(pybind11::module& parent);
+}
 namespace distributed {
 void bind(py::module& m);
 }
@@ -152,6 +155,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("_memory_stats", [](int d) { return memory_stats(d); });
   bind_memory_snapshot(m);
   distributed::bind(m);
+  compiler::bind(m);
   // Same code paths as torch.accelerator.empty_cache / mem_get_info.
   m.def("_empty_cache", [] { c10::getDeviceAllocator(kNeuron)->emptyCache(); });
   m.def("_reset_peak_memory_stats", [](int d) { runtime_device(d).allocator().reset_peak_stats(); });

@@ -1,0 +1,22 @@
+#pragma once
+// C++ source for fused pointwise groups: one loop per group over the flat
+// index, reading its inputs once and writing only values used after it.
+// Math follows eager (no fast-math; float accumulation for bfloat16).
+#include <string>
+
+#include "compiler/graph.h"
+#include "compiler/passes.h"
+
+namespace neuronx::compiler {
+
+// Whether code generation has a lowering for this node (op, dtypes, operands).
+bool lowerable(const Graph& g, const Node& n);
+
+// The group's kernel: extern "C" void <name>(char* const* ptrs, const double* scalars,
+// int64_t begin, int64_t end); ptrs are the group's tensor inputs then its outputs.
+std::string generate_kernel(const Graph& g, const FusionGroup& group, const std::string& name);
+
+// Helpers every generated translation unit starts with (bfloat16 conversions).
+std::string kernel_prelude();
+
+}  // namespace neuronx::compiler

@@ -1,0 +1,76 @@
+#pragma once
+// The compiler's graph IR: a straight-line program over values (tensors,
+// symbolic scalars, constants) in SSA form, as AOTAutograd hands it over
+// (functional core ATen plus in-place copies into inputs).
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/ivalue.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace neuronx::compiler {
+
+// A size or scalar that may depend on runtime symbols: a tiny postfix program
+// ("s:<sym>", "i:<int>", "f:<float>", "+", "*", "//", "%", "neg", ...) or a
+// constant. Evaluated per launch from the bound symbol values.
+struct SymExpr {
+  std::vector<std::string> postfix;
+  bool is_constant() const;
+  double eval(const std::vector<double>& symbols, const std::vector<std::string>& names) const;
+};
+
+struct TensorMeta {
+  c10::ScalarType dtype = c10::ScalarType::Float;
+  std::vector<SymExpr> sizes, strides;
+  bool is_static() const;
+};
+
+// An operand of a node: a value, a constant, or a list mixing both.
+struct Arg {
+  enum class Kind : uint8_t { kValue, kConstant, kList } kind = Kind::kConstant;
+  int value = -1;                 // kValue
+  c10::IValue constant;           // kConstant
+  std::vector<Arg> items;         // kList
+};
+
+struct Node {
+  enum class Kind : uint8_t { kAten, kGetItem, kScalarOp } kind = Kind::kAten;
+  std::optional<c10::OperatorHandle> op;  // kAten
+  std::string target;                     // "aten::add.Tensor", "getitem", "mul" (scalar op)
+  std::vector<Arg> args;                  // schema order, defaults filled in (kAten)
+  std::vector<int> outputs;               // value ids this node defines
+  int getitem_index = -1;                 // kGetItem: args[0] is the tuple value
+  int fused_group = -1;                   // set by the fusion pass
+};
+
+struct Value {
+  enum class Kind : uint8_t { kTensor, kScalar, kTuple, kOther } kind = Kind::kOther;
+  std::optional<TensorMeta> meta;  // tensors
+  std::string name;                // FX name, for dumps and errors
+};
+
+struct Input {
+  int value;
+  bool is_tensor;
+};
+
+// A symbol's runtime source: a size of a tensor input, or a scalar input.
+struct SymbolSource {
+  std::string name;
+  int input;       // index into Graph::inputs
+  int dim = -1;    // -1: the input is the scalar itself
+};
+
+struct Graph {
+  std::vector<Value> values;
+  std::vector<Input> inputs;
+  std::vector<Node> nodes;
+  std::vector<int> outputs;            // value ids; -1 for None outputs
+  std::vector<SymbolSource> symbols;
+  std::string dump() const;            // a readable listing (debug dumps, hashing)
+};
+
+}  // namespace neuronx::compiler

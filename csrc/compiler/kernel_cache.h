@@ -1,0 +1,49 @@
+#pragma once
+// Builds generated C++ into shared objects with the system compiler and keeps
+// them in the on-disk executable cache (TORCH_NEURONX_CACHE_DIR, default
+// ~/.cache/torch_neuronx; created user-only). Entries are keyed by a hash of
+// the source, the compiler and its version, the flags, the host ISA and the
+// torch version; they are written to a temporary file and renamed into place
+// (two processes building the same entry both succeed), and carry a checksum:
+// a corrupted or truncated entry is reported once, removed and rebuilt.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace neuronx::compiler {
+
+using KernelFn = void (*)(char* const* ptrs, const double* scalars, int64_t begin, int64_t end);
+
+struct SharedObject {
+  void* handle = nullptr;
+  ~SharedObject();
+};
+
+struct BuildStats {
+  int units = 0;        // translation units needed
+  int cache_hits = 0;   // found valid in the cache
+  int built = 0;        // compiled now
+  int corrupt = 0;      // cache entries that failed their checksum (rebuilt)
+};
+
+class KernelCache {
+ public:
+  static KernelCache& instance();
+  std::string directory() const;
+  // Compiles (or loads) each unit's source; returns, per unit, the library
+  // and its symbols by name (in `names[i]` order). Units build in parallel.
+  std::vector<std::vector<KernelFn>> load(const std::vector<std::string>& sources,
+                                          const std::vector<std::vector<std::string>>& names,
+                                          std::vector<std::shared_ptr<SharedObject>>& keep, BuildStats& stats);
+  // The part of every cache key that is not the source.
+  const std::string& toolchain_key() const { return toolchain_key_; }
+  std::string hash(const std::string& data) const;
+
+ private:
+  KernelCache();
+  std::string build_one(const std::string& source, BuildStats& stats);
+  std::string compiler_, flags_, libs_, toolchain_key_;
+};
+
+}  // namespace neuronx::compiler

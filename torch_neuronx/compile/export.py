@@ -1,0 +1,177 @@
+"""FX graph → the compiler's graph description, built once per compile and handed to C++.
+
+Values get integer ids. Tensor values carry dtype, sizes and strides (symbolic ones as small
+postfix programs over the graph's symbols); symbols are bound at launch from input sizes or
+scalar inputs. Scalar arithmetic Dynamo leaves on symbolic sizes and floats becomes scalar ops
+the executable evaluates on the host."""
+import math
+import operator
+
+import sympy
+import torch
+from torch.fx.experimental.symbolic_shapes import is_concrete_int
+
+aten = torch.ops.aten
+
+
+class Unsupported(Exception):
+    """The graph has something the compiler cannot take (the graph then runs eagerly)."""
+
+
+class Ref:
+    """A reference to a value (C++ reads ``_nx_ref``)."""
+
+    __slots__ = ("_nx_ref",)
+
+    def __init__(self, i):
+        self._nx_ref = i
+
+
+SCALAR_OPS = {
+    operator.add: "add", operator.sub: "sub", operator.mul: "mul", operator.truediv: "truediv",
+    operator.floordiv: "floordiv", operator.mod: "mod", operator.neg: "neg", operator.pow: "pow",
+    operator.eq: "eq", operator.ne: "ne", operator.lt: "lt", operator.le: "le", operator.gt: "gt",
+    operator.ge: "ge", torch.sym_float: "sym_float", torch.sym_int: "sym_int", torch.sym_max: "sym_max",
+    torch.sym_min: "sym_min", math.floor: "floor", math.ceil: "ceil", math.trunc: "trunc", math.sqrt: "sqrt",
+    torch._sym_sqrt: "sqrt",
+}
+SIZE_OPS = {aten.sym_size.int: "sym_size", aten.sym_stride.int: "sym_stride", aten.sym_numel.default: "sym_numel"}
+
+
+def expr_tokens(e):
+    """A sympy size expression as postfix tokens."""
+    if isinstance(e, (int, bool)):
+        return [f"i:{int(e)}"]
+    if isinstance(e, float):
+        return [f"f:{e!r}"]
+    if isinstance(e, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        e = e.node.expr
+    if isinstance(e, sympy.Integer):
+        return [f"i:{int(e)}"]
+    if isinstance(e, (sympy.Float, sympy.Rational)):
+        return [f"f:{float(e)!r}"]
+    if isinstance(e, sympy.Symbol):
+        return [f"s:{e.name}"]
+    name = type(e).__name__
+    ops = {"Add": "+", "Mul": "*", "FloorDiv": "//", "Mod": "%", "PythonMod": "%", "Max": "max", "Min": "min",
+           "Pow": "pow", "IntTrueDiv": "/", "FloatTrueDiv": "/", "CleanDiv": "//"}
+    if name in ops:
+        args = e.args
+        out = expr_tokens(args[0])
+        for a in args[1:]:
+            out += expr_tokens(a) + [ops[name]]
+        return out
+    raise Unsupported(f"size expression {e} ({name})")
+
+
+def _size(v):
+    return int(v) if is_concrete_int(v) else v
+
+
+class Exporter:
+    def __init__(self, gm):
+        self.gm = gm
+        self.values, self.inputs, self.symbols, self.nodes, self.outputs = [], [], [], [], []
+        self.ids = {}          # fx node -> id, or list of ids for tuple results
+        self.bound = set()     # symbol names with a source
+        self.extra_inputs = []  # get_attr tensors passed as inputs
+
+    def value(self, name, val):
+        if isinstance(val, torch.Tensor):
+            meta = (val.dtype, [expr_tokens(_size(s)) for s in val.shape], [expr_tokens(_size(s)) for s in val.stride()])
+            self.values.append((name, "tensor", meta))
+        elif isinstance(val, (int, float, bool, torch.SymInt, torch.SymFloat, torch.SymBool)):
+            self.values.append((name, "scalar", None))
+        else:
+            self.values.append((name, "other", None))
+        return len(self.values) - 1
+
+    def bind_input(self, index, val):
+        if isinstance(val, torch.Tensor):
+            for d, s in enumerate(val.shape):
+                if isinstance(s, torch.SymInt) and isinstance(s.node.expr, sympy.Symbol) and s.node.expr.name not in self.bound:
+                    self.bound.add(s.node.expr.name)
+                    self.symbols.append((s.node.expr.name, index, d))
+        elif isinstance(val, (torch.SymInt, torch.SymFloat)) and isinstance(val.node.expr, sympy.Symbol):
+            if val.node.expr.name not in self.bound:
+                self.bound.add(val.node.expr.name)
+                self.symbols.append((val.node.expr.name, index, -1))
+
+    def arg(self, a):
+        if isinstance(a, torch.fx.Node):
+            i = self.ids[a]
+            if isinstance(i, list):
+                raise Unsupported(f"a tuple value ({a.name}) used as an operand")
+            return Ref(i)
+        if isinstance(a, (list, tuple)):
+            return [self.arg(x) for x in a]
+        if isinstance(a, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            raise Unsupported(f"a symbolic constant {a} not produced by a graph node")
+        return a
+
+    def run(self):
+        placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
+        for idx, n in enumerate(placeholders):
+            val = n.meta.get("val")
+            i = self.value(n.name, val)
+            self.ids[n] = i
+            self.inputs.append((i, isinstance(val, torch.Tensor)))
+            self.bind_input(idx, val)
+        for n in self.gm.graph.nodes:
+            if n.op == "placeholder":
+                continue
+            if n.op == "get_attr":
+                t = getattr(self.gm, n.target)
+                if not isinstance(t, torch.Tensor):
+                    raise Unsupported(f"attribute {n.target} of type {type(t).__name__}")
+                i = self.value(n.name, t)
+                self.ids[n] = i
+                self.inputs.append((i, True))
+                self.extra_inputs.append(t)
+            elif n.op == "call_function":
+                self.call(n)
+            elif n.op == "output":
+                outs = n.args[0] if isinstance(n.args[0], (list, tuple)) else [n.args[0]]
+                for o in outs:
+                    if o is None:
+                        self.outputs.append(-1)
+                    elif isinstance(o, torch.fx.Node) and not isinstance(self.ids[o], list):
+                        self.outputs.append(self.ids[o])
+                    else:
+                        raise Unsupported(f"graph output {o!r}")
+            else:
+                raise Unsupported(f"node kind {n.op}")
+        return {"values": self.values, "inputs": self.inputs, "symbols": self.symbols, "nodes": self.nodes,
+                "outputs": self.outputs}
+
+    def call(self, n):
+        t = n.target
+        val = n.meta.get("val")
+        if t is operator.getitem and isinstance(self.ids.get(n.args[0]), list):
+            self.ids[n] = self.ids[n.args[0]][n.args[1]]
+            return
+        if t in SIZE_OPS or t in SCALAR_OPS:
+            i = self.value(n.name, val)
+            self.ids[n] = i
+            self.nodes.append(("scalar", SIZE_OPS.get(t) or SCALAR_OPS[t], [self.arg(a) for a in n.args], {}, [i]))
+            return
+        if not isinstance(t, torch._ops.OpOverload):
+            raise Unsupported(f"call of {getattr(t, '__name__', t)}")
+        schema = t._schema
+        name = schema.name + (f".{schema.overload_name}" if schema.overload_name else "")
+        if isinstance(val, (list, tuple)):
+            outs = [self.value(f"{n.name}_{k}", v) for k, v in enumerate(val)]
+            self.ids[n] = outs
+        else:
+            outs = [self.value(n.name, val)]
+            self.ids[n] = outs[0]
+        args = [self.arg(a) for a in n.args]
+        kwargs = {k: self.arg(v) for k, v in n.kwargs.items()}
+        self.nodes.append(("aten", name, args, kwargs, outs))
+
+
+def export(gm):
+    """(description, extra_inputs): the graph for ``_C._compiler.compile`` and the constant tensors
+    appended to the inputs at every call."""
+    e = Exporter(gm)
+    return e.run(), e.extra_inputs

@@ -1,0 +1,65 @@
+"""Counters of the compile tier, reported by ``torch_neuronx.metrics()["compile"]``."""
+import collections
+import threading
+
+_lock = threading.Lock()
+
+
+def _fresh():
+    return {"compiles": 0, "cache_hits": 0, "kernels_built": 0, "kernel_cache_hits": 0, "kernel_cache_corrupt": 0,
+            "recompiles": 0, "recompile_reasons": [], "compile_seconds": 0.0, "fused_groups": 0, "fused_nodes": 0,
+            "library_calls": collections.Counter(), "eager_graphs": 0, "eager_reasons": []}
+
+
+_m = _fresh()
+
+
+def record(stats):
+    with _lock:
+        _m["compiles"] += 1
+        _m["compile_seconds"] += stats["seconds"]
+        _m["kernels_built"] += stats["kernels_built"]
+        _m["kernel_cache_hits"] += stats["kernel_cache_hits"]
+        _m["kernel_cache_corrupt"] += stats["kernel_cache_corrupt"]
+        if stats["kernel_units"] and stats["kernels_built"] == 0:
+            _m["cache_hits"] += 1
+        _m["fused_groups"] += stats["groups"]
+        _m["fused_nodes"] += stats["fused_nodes"]
+        _m["library_calls"].update(stats["library_ops"])
+
+
+def record_frontend_seconds(seconds):
+    with _lock:
+        _m["compile_seconds"] += seconds
+
+
+def record_recompile(reasons):
+    with _lock:
+        _m["recompiles"] += 1
+        _m["recompile_reasons"].extend(reasons)
+
+
+def record_eager(reason):
+    with _lock:
+        _m["eager_graphs"] += 1
+        _m["eager_reasons"].append(reason)
+
+
+def compile_metrics():
+    """A snapshot of the counters: compiles, executable cache hits (every kernel loaded from the
+    disk cache), kernels built, recompiles with Dynamo's reasons, compile seconds (AOT + compiler),
+    fused groups/nodes, library calls by op (ops without a lowering, run as ATen kernels inside the
+    executable), and graphs that ran eagerly with the reason."""
+    with _lock:
+        out = dict(_m)
+        out["library_calls"] = dict(_m["library_calls"])
+        out["recompile_reasons"] = list(_m["recompile_reasons"])
+        out["eager_reasons"] = list(_m["eager_reasons"])
+        return out
+
+
+def reset_compile_metrics():
+    """Zero the compile counters."""
+    global _m
+    with _lock:
+        _m = _fresh()
