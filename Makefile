@@ -72,12 +72,13 @@ conformance: build
 hf-sweep: build
 	$(PYTHON) -m torch_neuronx.hf_sweep --jobs 2 --out build/hf-sweep --docs docs/hf_support.md
 
-# Full benchmark (~3 min on 2 cores): regenerates docs/performance.md.
+# Full benchmark (~7 min on 2 cores): regenerates docs/performance.md.
 bench: build
 	$(PYTHON) -m pip install -q matplotlib
 	$(PYTHON) bench/run.py --out bench/results/$$(date -u +%F).json
 	$(PYTHON) bench/report.py bench/results/$$(date -u +%F).json
 	$(PYTHON) bench/collectives.py --docs
+	$(PYTHON) bench/compile.py --docs
 
 # Smoke test of the harness (tiny sizes, no thresholds); the report goes to a temp dir.
 bench-quick: build
@@ -85,6 +86,7 @@ bench-quick: build
 	$(PYTHON) bench/run.py --quick --out $$(mktemp -d)/quick.json | tee /tmp/neuronx-bench-quick.log
 	$(PYTHON) bench/report.py $$(tail -1 /tmp/neuronx-bench-quick.log | sed 's/^wrote //') --out-dir $$(mktemp -d)
 	$(PYTHON) bench/collectives.py --quick --out $$(mktemp -d)/collectives.json
+	$(PYTHON) bench/compile.py --quick
 
 clean:
 	rm -rf build build-rt torch_neuronx/_C*.so *.egg-info

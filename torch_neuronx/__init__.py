@@ -49,8 +49,15 @@ def metrics():
     ``async`` ops were enqueued and returned at once; ``sync`` ops drained the stream first
     (no meta kernel, or an output shape that depends on data); ``view`` ops touched metadata
     only; ``native`` ops have a neuron kernel of their own (copies, allocation, ``item``).
+    Once ``torch.compile`` has used the ``neuron`` backend, ``"compile"`` holds the compile tier's
+    counters (see :func:`torch_neuronx.compile.compile_metrics`).
     """
-    return _C._metrics()
+    out = _C._metrics()
+    import sys
+
+    if "torch_neuronx.compile" in sys.modules:  # loaded with the Dynamo backend, on first use
+        out["compile"] = sys.modules["torch_neuronx.compile"].compile_metrics()
+    return out
 
 
 def reset_metrics():

@@ -53,9 +53,11 @@ fused_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                 const std::optional<at::Tensor>& attn_bias, double dropout_p, bool is_causal,
                 bool return_debug_mask, std::optional<double> scale) {
   auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, dropout_p, is_causal, attn_bias, scale);
-  const auto none = at::empty({0}, q.options().dtype(at::kLong));
-  return {out, lse, none, none, c10::SymInt(q.size(-2)), c10::SymInt(k.size(-2)), none, none,
-          at::empty({0}, q.options())};
+  // As the op's meta kernel (and CUDA's flash kernel) says: no cumulative lengths or debug mask,
+  // 0-d seed and offset (unused: CPU's flash kernel has no dropout state).
+  const auto scalar = at::empty({}, q.options().dtype(at::kLong));
+  return {out, lse, at::Tensor(), at::Tensor(), c10::SymInt(q.size(-2)), c10::SymInt(k.size(-2)), scalar,
+          scalar.clone(), at::Tensor()};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_attention_backward(

@@ -307,7 +307,13 @@ void Executable::run_node(const Node& n, std::vector<c10::IValue>& env, c10::Dev
     (void)optional;
     stack.push_back(std::move(v));
   }
-  n.op->callBoxed(stack);
+  // The "*_overrideable" ops (SDPA's fused forms) exist for PrivateUse1 backends only: run our
+  // kernel for them on the CPU views (it is written against ATen's CPU ops).
+  const auto& h = *n.op;
+  if (n.target.find("_overrideable") != std::string::npos)
+    h.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), &stack);
+  else
+    h.callBoxed(stack);
   const auto& returns = schema.returns();
   if (returns.size() == 1 && returns[0].type()->kind() == c10::TypeKind::ListType && stack.size() == 1 &&
       stack[0].isTensorList()) {  // split, unbind, ...: one value per element
@@ -354,8 +360,9 @@ void Executable::execute(std::vector<c10::IValue>& env, const std::vector<at::Te
     for (int v : s.release) env[v] = c10::IValue();
   }
   for (size_t i = 0; i < graph_.outputs.size(); ++i) {
-    if (!outputs[i].defined()) continue;
+    if (!outputs[i].defined() || !env[graph_.outputs[i]].isTensor()) continue;
     const at::Tensor& r = env[graph_.outputs[i]].toTensor();
+    if (!r.defined()) continue;
     if (r.data_ptr() != outputs[i].data_ptr() || r.strides() != outputs[i].strides()) outputs[i].copy_(r);
   }
 }

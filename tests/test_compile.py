@@ -1,0 +1,283 @@
+"""torch.compile on neuron (issue 5, first part): the Dynamo backend 'neuron', the C++ compiler's
+executables against eager on a model suite (outputs, gradients, training losses), fusion, dynamic
+shapes, recompiles, the on-disk kernel cache, debug dumps and modes."""
+import copy
+import json
+import os
+import pathlib
+import stat
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import torch_neuronx  # noqa: F401
+from torch_neuronx.compile import compile_metrics, reset_compile_metrics
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from run import BertEncoder, NanoGPT, ResNet18  # noqa: E402
+
+JOB = ROOT / "tests" / "compile" / "cache_job.py"
+
+
+@pytest.fixture(autouse=True)
+def fresh(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("TORCH_NEURONX_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "nx-cache"))
+    torch._dynamo.reset()
+    reset_compile_metrics()
+    yield
+    torch._dynamo.reset()
+
+
+class TinyNet(nn.Module):
+    # (torch.compile skips the top frame of torch.nn's own modules, e.g. a bare nn.Linear.)
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.lin(x).relu() * 2
+
+
+def chain(x, y):
+    return torch.sigmoid(x * 2 + y).tanh() * torch.exp(-x) + torch.relu(y - 0.5)
+
+
+def test_backend_by_name_and_as_default():
+    assert "neuron" in torch._dynamo.list_backends()
+    prev = torch.compiler.get_default_backend()
+    torch.compiler.set_default_backend("neuron")
+    try:
+        m = TinyNet().to("neuron")
+        ref = copy.deepcopy(m).cpu()
+        assert m.compile() is None  # no backend argument
+        x = torch.randn(3, 8)
+        torch.testing.assert_close(m(x.to("neuron")).cpu(), ref(x))
+    finally:
+        torch.compiler.set_default_backend(prev)
+    assert compile_metrics()["compiles"] >= 1
+    assert torch_neuronx.metrics()["compile"]["compiles"] == compile_metrics()["compiles"]
+
+
+def test_pointwise_chain_is_fused_and_equals_eager():
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(300, 301, generator=g), torch.randn(300, 301, generator=g)
+    out = torch.compile(chain, backend="neuron", fullgraph=True)(x.to("neuron"), y.to("neuron"))
+    assert out.device.type == "neuron"
+    torch.testing.assert_close(out.cpu(), chain(x, y), rtol=1e-5, atol=1e-6)
+    m = compile_metrics()
+    assert m["fused_groups"] == 1 and m["fused_nodes"] >= 9 and m["library_calls"] == {}
+    xb, yb = x.bfloat16(), y.bfloat16()  # fused in float, stored as bfloat16
+    outb = torch.compile(chain, backend="neuron")(xb.to("neuron"), yb.to("neuron")).cpu()
+    assert outb.dtype == torch.bfloat16
+    torch.testing.assert_close(outb.float(), chain(xb.float(), yb.float()), rtol=2e-2, atol=2e-2)
+
+
+def test_non_dense_operands_of_a_fused_group_fall_back_to_library_calls():
+    f = torch.compile(lambda a, b: (a * 2 + b).exp(), backend="neuron", dynamic=False)
+    a = torch.randn(8, 6)
+    b = torch.randn(6, 8)
+    out = f(a.to("neuron"), b.to("neuron").t())  # a transposed operand
+    torch.testing.assert_close(out.cpu(), (a * 2 + b.t()).exp())
+
+
+def _train(model, data, target, loss_fn, steps, compiled):
+    model = copy.deepcopy(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    fwd = torch.compile(model, backend="neuron") if compiled else model
+    losses = []
+    for _ in range(steps):
+        loss = loss_fn(fwd(data), target)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses, model
+
+
+def _ce(logits, t):
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), t.reshape(-1))
+
+
+def _tokens(n, vocab, seq, seed):
+    return torch.randint(0, vocab, (n, seq), generator=torch.Generator().manual_seed(seed))
+
+
+SUITE = {
+    "mlp": (lambda: nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.LayerNorm(32), nn.Linear(32, 5)),
+            lambda: (torch.randn(8, 16), torch.randint(0, 5, (8,))), F.cross_entropy),
+    "cnn_batchnorm": (lambda: ResNet18(classes=5, width=8),
+                      lambda: (torch.randn(2, 3, 32, 32), torch.randint(0, 5, (2,))), F.cross_entropy),
+    "nanogpt": (lambda: NanoGPT(vocab=96, d=32, layers=2, heads=4, seq=16),
+                lambda: (_tokens(2, 96, 16, 1), _tokens(2, 96, 16, 2)), _ce),
+}
+
+
+@pytest.mark.parametrize("name", list(SUITE))
+def test_training_matches_eager_for_20_steps(name):
+    make, data, loss_fn = SUITE[name]
+    torch.manual_seed(0)
+    model = make().to("neuron")
+    x, t = (v.to("neuron") for v in data())
+    eager, m_eager = _train(model, x, t, loss_fn, 20, compiled=False)
+    compiled, m_comp = _train(model, x, t, loss_fn, 20, compiled=True)
+    torch.testing.assert_close(torch.tensor(compiled), torch.tensor(eager), rtol=1e-4, atol=1e-4)
+    for (n, a), b in zip(m_comp.state_dict().items(), m_eager.state_dict().values()):
+        torch.testing.assert_close(a.cpu(), b.cpu(), rtol=1e-3, atol=1e-4, msg=n)  # incl. BN running stats
+    m = compile_metrics()
+    assert m["compiles"] >= 2 and m["recompiles"] == 0 and m["eager_graphs"] == 0  # forward + backward
+
+
+def test_transformer_block_with_sdpa_gradients_match_eager():
+    torch.manual_seed(0)
+    block = NanoGPT(vocab=64, d=32, layers=1, heads=4, seq=8).blocks[0].to("neuron")
+    x = torch.randn(2, 8, 32, device="neuron", requires_grad=True)
+    ref = block(x)
+    ref.square().mean().backward()
+    grads = [p.grad.clone() for p in block.parameters()] + [x.grad.clone()]
+    block.zero_grad()
+    x.grad = None
+    out = torch.compile(block, backend="neuron", fullgraph=True)(x)
+    out.square().mean().backward()
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    for a, b in zip([p.grad for p in block.parameters()] + [x.grad], grads):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    assert any("attention" in k for k in compile_metrics()["library_calls"])
+
+
+@pytest.mark.parametrize("ctx", ["no_grad", "inference_mode"])
+def test_bert_sized_encoder_inference(ctx):
+    torch.manual_seed(0)
+    model = BertEncoder(vocab=128, d=32, layers=2, heads=4, ff=64, seq=16).to("neuron").eval()
+    x = _tokens(2, 128, 16, 5).to("neuron")
+    with getattr(torch, ctx)():
+        ref = model(x)
+        out = torch.compile(model, backend="neuron")(x)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_dynamic_shapes_are_runtime_sizes_not_recompiles():
+    f = torch.compile(chain, backend="neuron", dynamic=True)
+    for n in (5, 17, 64, 3):
+        x, y = torch.randn(n, 7), torch.randn(n, 7)
+        torch.testing.assert_close(f(x.to("neuron"), y.to("neuron")).cpu(), chain(x, y), rtol=1e-5, atol=1e-6)
+    m = compile_metrics()
+    assert m["compiles"] == 1 and m["recompiles"] == 0
+
+
+@pytest.mark.parametrize("dynamic", [True, None])
+def test_changing_the_learning_rate_every_step_does_not_recompile(dynamic):
+    # The learning rate is a runtime argument of the executable (a symbolic float). With
+    # dynamic=True it is one from the first compile; by default Dynamo first specializes floats
+    # and makes a float that changed dynamic once (its "automatic dynamic" recompile), then never again.
+    torch._dynamo.config.fail_on_recompile_limit_hit = True
+    try:
+        @torch.compile(backend="neuron", dynamic=dynamic)
+        def sgd_step(w, g, lr):
+            return w - lr * g
+
+        w, g = torch.randn(10, device="neuron"), torch.randn(10, device="neuron")
+        for step in range(8):
+            lr = 0.1 / (step + 1)
+            torch.testing.assert_close(sgd_step(w, g, lr), w - lr * g)
+        m = compile_metrics()
+        assert m["recompiles"] == (0 if dynamic else 1) and m["compiles"] == (1 if dynamic else 2)
+    finally:
+        torch._dynamo.config.fail_on_recompile_limit_hit = False
+
+
+def test_recompiles_are_counted_with_reasons():
+    f = torch.compile(chain, backend="neuron", dynamic=False)
+    x = torch.randn(4, 4, device="neuron")
+    f(x, x)
+    f(x.double(), x.double())
+    m = compile_metrics()
+    assert m["recompiles"] == 1 and "dtype" in m["recompile_reasons"][0]
+
+
+def test_graph_breaks_run_correctly():
+    def f(x):
+        y = x.sin() * 2
+        print("", end="")  # a graph break
+        return (y + 1).cos()
+
+    x = torch.randn(16)
+    torch.testing.assert_close(torch.compile(f, backend="neuron")(x.to("neuron")).cpu(), f(x), rtol=1e-5, atol=1e-6)
+    assert compile_metrics()["compiles"] == 2
+
+
+def test_autocast_bf16_compiled_matches_eager_autocast():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 8)).to("neuron")
+    x = torch.randn(4, 16, device="neuron")
+    with torch.autocast("neuron", dtype=torch.bfloat16):
+        ref = model(x)
+        out = torch.compile(model, backend="neuron")(x)
+    assert out.dtype == ref.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), ref.float(), rtol=2e-2, atol=2e-2)
+
+
+def test_other_modes_are_accepted_with_a_warning():
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        f = torch.compile(chain, backend="neuron", mode="max-autotune-no-cudagraphs")
+        x = torch.randn(4, device="neuron")
+        torch.testing.assert_close(f(x, x), chain(x, x))
+    assert any("mode=" in str(m.message) for m in w)
+
+
+def test_debug_dir_dumps_graph_ir_and_sources(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_NEURONX_DEBUG_DIR", str(tmp_path))
+    x = torch.randn(8, device="neuron")
+    torch.compile(chain, backend="neuron")(x, x)
+    names = [p.name for p in tmp_path.iterdir()]
+    assert any(n.startswith("fx_") for n in names)
+    assert any(n.endswith(".ir_before.txt") for n in names) and any(n.endswith(".ir_after.txt") for n in names)
+    src = next(p for p in tmp_path.iterdir() if p.name.endswith(".cpp")).read_text()
+    assert "at::vec::Vectorized" in src and "fast-math" not in src
+
+
+def _job(cache, extra_env=None):
+    env = {**os.environ, "TORCH_NEURONX_CACHE_DIR": str(cache), **(extra_env or {})}
+    return subprocess.Popen([sys.executable, str(JOB)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env)
+
+
+def _result(p):
+    out, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err[-3000:]
+    return json.loads(out.strip().splitlines()[-1]), err
+
+
+def test_disk_cache_warm_start_in_a_new_process(tmp_path):
+    cache = tmp_path / "cache"
+    cold, _ = _result(_job(cache))
+    assert cold["kernels_built"] >= 1 and cold["cache_hits"] == 0
+    assert stat.S_IMODE(cache.stat().st_mode) == 0o700  # user-only
+    warm, _ = _result(_job(cache))
+    assert warm["kernels_built"] == 0 and warm["cache_hits"] == warm["compiles"] >= 1
+
+
+def test_corrupted_cache_entry_is_reported_once_and_rebuilt(tmp_path):
+    cache = tmp_path / "cache"
+    _result(_job(cache))
+    for so in (cache / "kernels").glob("*.so"):
+        so.write_bytes(so.read_bytes()[: 100])  # truncated
+    res, err = _result(_job(cache))
+    assert res["kernel_cache_corrupt"] >= 1 and res["kernels_built"] >= 1
+    assert err.count("corrupted or truncated") == 1
+    again, _ = _result(_job(cache))
+    assert again["kernels_built"] == 0 and again["kernel_cache_corrupt"] == 0
+
+
+def test_two_processes_compiling_the_same_graph_both_succeed(tmp_path):
+    cache = tmp_path / "cache"
+    procs = [_job(cache) for _ in range(2)]
+    results = [_result(p)[0] for p in procs]
+    assert all(r["compiles"] >= 1 for r in results)
+    assert not list((cache / "kernels").glob(".tmp-*"))  # no temporary files left behind
