@@ -281,3 +281,25 @@ def test_two_processes_compiling_the_same_graph_both_succeed(tmp_path):
     results = [_result(p)[0] for p in procs]
     assert all(r["compiles"] >= 1 for r in results)
     assert not list((cache / "kernels").glob(".tmp-*"))  # no temporary files left behind
+
+
+def test_integer_histc_inside_an_executable_counts_as_eager_does():
+    # Hugging Face's MoE routing: histc of expert ids (integers) on an accelerator.
+    def route(ids):
+        return torch.histc(ids, bins=4, min=0, max=3).cumsum(0)
+
+    ids = torch.tensor([3, 0, 1, 1, 3, 3], dtype=torch.int32, device="neuron")
+    torch.testing.assert_close(torch.compile(route, backend="neuron")(ids), route(ids))
+
+
+def test_conformance_tool_compile_sweep(tmp_path):
+    # The OpInfo-driven compile sweep (python -m torch_neuronx.conformance --compile), a few ops here;
+    # the full run's totals are in docs/compile.md.
+    r = subprocess.run([sys.executable, "-m", "torch_neuronx.conformance", "--compile", "--ops",
+                        "add,mul,sin,mm,softmax,nn.functional.layer_norm,cat,where", "--dtypes", "float32",
+                        "--max-samples", "2", "--jobs", "1", "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    res = json.loads((tmp_path / "results.json").read_text())["results"]
+    assert len(res) >= 14 and all(x["cat"] == "compile" for x in res)
+    assert all(x["outcome"] == "pass" for x in res), [x for x in res if x["outcome"] != "pass"]

@@ -238,3 +238,23 @@ def test_pipeline_defaults_to_cpu_workaround_pass_device(tiny_with_tokenizer):
     assert default.model.device.type == "cpu"  # no neuron branch in the pipeline's default device
     dev = pipeline("text-generation", model=str(tiny_with_tokenizer), device="neuron")  # workaround
     assert dev.model.device.type == "neuron"
+
+
+def test_trainer_torch_compile_uses_the_neuron_backend(tiny_dir, tmp_path):
+    from torch_neuronx.compile import compile_metrics, reset_compile_metrics
+
+    def run(compile_):
+        torch._dynamo.reset()
+        args = TrainingArguments(output_dir=str(tmp_path / str(compile_)), per_device_train_batch_size=4,
+                                 max_steps=4, learning_rate=1e-3, torch_compile=compile_, report_to=[],
+                                 logging_steps=1, save_strategy="no", seed=0, disable_tqdm=True)
+        t = Trainer(model=AutoModelForCausalLM.from_pretrained(tiny_dir), args=args, train_dataset=_tokens())
+        t.train()
+        return args, [h["loss"] for h in t.state.log_history if "loss" in h]
+
+    reset_compile_metrics()
+    args, compiled = run(True)
+    assert args.torch_compile_backend == "neuron"  # transformers' choice on a neuron machine
+    assert compile_metrics()["compiles"] >= 2  # forward and backward through the neuron compiler
+    _, eager = run(False)
+    torch.testing.assert_close(torch.tensor(compiled), torch.tensor(eager), rtol=1e-3, atol=1e-3)

@@ -30,7 +30,17 @@ int64_t fused_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Ten
   // gradient sends CPU to the math path): ask CPU's chooser about CPU views.
   auto view = [](const at::Tensor& t) {
     if (t.device().type() != kNeuron) return t;
-    at::Tensor a = cpu_alias(t);
+    at::Tensor a;
+    if (t.unsafeGetTensorImpl()->has_symbolic_sizes_strides()) {
+      // Tracing with symbolic sizes (torch.compile, dynamic shapes): a CPU stand-in of the same
+      // rank and dtype; a symbolic size stands in as 2 (the choice reads ranks, dtypes, head sizes
+      // and whether sizes agree, not sequence lengths; asking the symbol would specialize it).
+      std::vector<int64_t> sizes;
+      for (const auto& s : t.sym_sizes()) sizes.push_back(s.maybe_as_int().value_or(2));
+      a = at::empty(sizes, t.options().device(c10::kCPU));
+    } else {
+      a = cpu_alias(t);
+    }
     if (t.requires_grad()) a.requires_grad_(true);
     return a;
   };

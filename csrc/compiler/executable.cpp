@@ -307,10 +307,13 @@ void Executable::run_node(const Node& n, std::vector<c10::IValue>& env, c10::Dev
     (void)optional;
     stack.push_back(std::move(v));
   }
-  // The "*_overrideable" ops (SDPA's fused forms) exist for PrivateUse1 backends only: run our
-  // kernel for them on the CPU views (it is written against ATen's CPU ops).
+  // Ops whose neuron kernel differs from CPU's and is written against ATen ops, so it runs on the
+  // CPU views too: the "*_overrideable" ops (SDPA's fused forms, PrivateUse1-only) and histc of
+  // integers (CUDA counts them; CPU's kernel takes floating point only).
   const auto& h = *n.op;
-  if (n.target.find("_overrideable") != std::string::npos)
+  const bool integral_histc = n.target.rfind("aten::histc", 0) == 0 && stack[0].isTensor() &&
+                              c10::isIntegralType(stack[0].toTensor().scalar_type(), false);
+  if (n.target.find("_overrideable") != std::string::npos || integral_histc)
     h.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), &stack);
   else
     h.callBoxed(stack);
@@ -363,7 +366,16 @@ void Executable::execute(std::vector<c10::IValue>& env, const std::vector<at::Te
     if (!outputs[i].defined() || !env[graph_.outputs[i]].isTensor()) continue;
     const at::Tensor& r = env[graph_.outputs[i]].toTensor();
     if (!r.defined()) continue;
-    if (r.data_ptr() != outputs[i].data_ptr() || r.strides() != outputs[i].strides()) outputs[i].copy_(r);
+    if (r.data_ptr() == outputs[i].data_ptr() && r.strides() == outputs[i].strides()) continue;
+    // An output the graph returns expanded (stride 0, e.g. a broadcast buffer) shares memory
+    // between elements: write each location once, from the first index along those dims.
+    at::Tensor dst = outputs[i], src = r;
+    for (int64_t d = 0; d < dst.dim(); ++d)
+      if (dst.stride(d) == 0 && dst.size(d) > 1) {
+        dst = dst.narrow(d, 0, 1);
+        src = src.narrow(d, 0, 1);
+      }
+    dst.copy_(src);
   }
 }
 

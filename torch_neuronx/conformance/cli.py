@@ -13,6 +13,7 @@ from .runner import progress_printer, run_units, write_outputs
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 QUICK_BASELINE = os.path.join(HERE, "quick_baseline.txt")
+QUICK_COMPILE_BASELINE = os.path.join(HERE, "quick_compile_baseline.txt")
 
 # The CI subset: common ops across the areas where a backend goes wrong (views, indexing,
 # reductions, dtype promotion, scatter/gather, linear algebra, random, convolution, attention).
@@ -56,6 +57,13 @@ def build_units(args):
     ms = args.max_samples
     if "ops" in kinds:
         ops = {op_key(o): o for o in op_db}
+        if getattr(args, "compile", False):  # the compile sweep: forward samples through torch.compile
+            for key in _select(ops, args.ops):
+                for d in sorted(ops[key].supported_dtypes("cpu"), key=str):
+                    if dtypes is None or name(d) in dtypes:
+                        units.append({"kind": "op", "name": key, "dtype": name(d), "max_samples": ms,
+                                      "categories": ["compile"]})
+            return units
         quick_ops = set(_select(ops, QUICK_OPS)) if args.quick else set()
         for key in _select(ops, args.ops):
             op = ops[key]
@@ -100,6 +108,9 @@ def parse(argv):
                    help=f"the CI subset: {QUICK_SAMPLES} samples of every op, module and optimizer at float32, "
                         f"and of {len(QUICK_OPS)} common ops at {','.join(QUICK_DTYPES)}; checked against the "
                         "committed baseline")
+    p.add_argument("--compile", action="store_true",
+                   help="the compile sweep: every op sample through torch.compile(backend='neuron') against eager "
+                        "CPU (ops only; combine with --quick for float32 and 3 samples per op)")
     p.add_argument("--jobs", "-j", type=int, default=os.cpu_count() or 1, help="worker processes")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds one case may run before its worker is killed")
     p.add_argument("--out", default="conformance-results", help="directory for results.json, report.md and worker.log")
@@ -110,6 +121,13 @@ def parse(argv):
     p.add_argument("--case", help="run one case in this process and show its sample and traceback "
                                   "(an id from results.json, e.g. 'add|float32|out|3')")
     args = p.parse_args(argv)
+    if args.compile:
+        args.kinds = "ops"
+        if args.quick:  # float32 only: the compiler's own paths, not every dtype again
+            args.dtypes = args.dtypes or "float32"
+            args.max_samples = args.max_samples or QUICK_SAMPLES
+            if args.baseline is None and args.write_baseline is None:
+                args.baseline = QUICK_COMPILE_BASELINE
     if args.quick:
         args.dtypes = args.dtypes or ",".join(QUICK_DTYPES)
         args.max_samples = args.max_samples or QUICK_SAMPLES

@@ -95,6 +95,26 @@ def check_forward(op, sample):
     return _compare_results(op, cpu, ce, dev, de, sample=sample)
 
 
+def check_compile(op, sample):
+    """The sample through ``torch.compile(backend="neuron")`` on neuron against eager CPU."""
+    cpu_s = sample_to_cpu(sample)
+    cpu, ce = _run(op, cpu_s, "cpu")
+    if ce is not None:
+        _skip("CPU raises: error behaviour is checked in eager mode")
+    torch._dynamo.reset()  # each sample compiles afresh (no recompile limit across samples)
+
+    def compiled(inp, *args, **kwargs):
+        return op(inp, *args, **kwargs)
+
+    fn = torch.compile(compiled, backend="neuron")
+    dev, de = _run(fn, sample, DEVICE)
+    if de is not None:
+        raise de
+    values = op.name not in UNINITIALIZED
+    host_ok = not targets_device(sample) or names_host(sample)
+    return assert_same(dev, cpu, "compiled output", values=values, host_ok=host_ok), None
+
+
 def _empty_outs(result, device):
     if isinstance(result, torch.Tensor):
         return torch.empty(0, dtype=result.dtype, device=device)
@@ -239,14 +259,14 @@ def cases(op, dtype, max_samples=None, categories=CATEGORIES):
             return out
 
     plain = None
-    for cat in ("forward", "out", "inplace", "noncontiguous"):
+    for cat in ("forward", "out", "inplace", "noncontiguous", "compile"):
         if cat not in categories:
             continue
         if plain is None:
             plain = samples(False)
         for i, s in enumerate(plain):
             fn = {"forward": check_forward, "out": check_out, "inplace": check_inplace,
-                  "noncontiguous": check_noncontiguous}[cat]
+                  "noncontiguous": check_noncontiguous, "compile": check_compile}[cat]
             yield f"{key}|{dt}|{cat}|{i}", cat, (lambda fn=fn, s=s: fn(op, s))
     if "backward" in categories and op.supports_autograd and dtype in op.supported_backward_dtypes("cpu"):
         for i, s in enumerate(samples(True)):

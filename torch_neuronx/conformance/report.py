@@ -19,7 +19,8 @@ def known_cause(name):
         if name == key or name.startswith(key + "."):
             return why
     return None
-OP_CATEGORIES = ("forward", "out", "inplace", "noncontiguous", "backward", "error_inputs", "samples", "case")
+OP_CATEGORIES = ("forward", "out", "inplace", "noncontiguous", "backward", "error_inputs", "compile", "samples",
+                 "case")
 DTYPE_ABBREV = {
     "bool": "b8", "uint8": "u8", "int8": "i8", "int16": "i16", "int32": "i32", "int64": "i64",
     "uint16": "u16", "uint32": "u32", "uint64": "u64", "float16": "f16", "bfloat16": "bf16",

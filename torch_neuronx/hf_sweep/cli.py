@@ -18,12 +18,16 @@ def parse(argv):
     p.add_argument("--tables", default=",".join(TABLES),
                    help=f"comma-separated tables (default: all of {', '.join(TABLES)})")
     p.add_argument("--archs", default="*", help="comma-separated model types or globs (default: all)")
-    p.add_argument("--mode", default="eager", choices=["eager"],
-                   help="execution mode (the compiled column arrives with torch.compile support)")
+    p.add_argument("--modes", default="eager,compile",
+                   help="comma-separated: eager (the model as is), compile (torch.compile(backend='neuron')); "
+                        "default both")
     p.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
     p.add_argument("--timeout", type=float, default=300, help="seconds per check before the worker is killed")
     p.add_argument("--out", default="hf_sweep_out", help="directory for results.json, report.md, worker.log")
     p.add_argument("--docs", help="also write the Markdown report here (docs/hf_support.md)")
+    p.add_argument("--update", action="store_true",
+                   help="rerun only the selected architectures and modes, replacing their results in --out's "
+                        "results.json (the rest of the previous run is kept)")
     return p.parse_args(argv)
 
 
@@ -33,8 +37,12 @@ def build_units(args):
     if bad:
         raise SystemExit(f"unknown table(s) {', '.join(bad)}; choose from {', '.join(TABLES)}")
     pats = [a.strip() for a in args.archs.split(",") if a.strip()]
-    return [{"kind": "arch", "name": f"{t}/{a}", "dtype": args.mode}
-            for t in tables for a in architectures(t) if any(fnmatch.fnmatchcase(a, p) for p in pats)]
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    bad = [m for m in modes if m not in ("eager", "compile")]
+    if bad:
+        raise SystemExit(f"unknown mode(s) {', '.join(bad)}; choose from eager, compile")
+    return [{"kind": "arch", "name": f"{t}/{a}", "dtype": mode}
+            for mode in modes for t in tables for a in architectures(t) if any(fnmatch.fnmatchcase(a, p) for p in pats)]
 
 
 def main(argv=None):
@@ -59,8 +67,17 @@ def main(argv=None):
     import transformers
     meta = {"torch": torch.__version__, "transformers": transformers.__version__,
             "python": platform.python_version(), "jobs": args.jobs, "seconds": round(time.time() - t0, 1),
-            "crashes": crashes, "mode": args.mode, "date": time.strftime("%Y-%m-%d")}
-    records.sort(key=lambda r: (list(TABLES).index(r["table"]), r["arch"], r["id"]))
+            "crashes": crashes, "modes": args.modes, "date": time.strftime("%Y-%m-%d")}
+    if args.update:
+        import json
+
+        with open(os.path.join(args.out, "results.json")) as f:
+            prev = json.load(f)
+        rerun = {(r["table"], r["arch"], r["mode"]) for r in records}
+        records = [r for r in prev["results"] if (r["table"], r["arch"], r["mode"]) not in rerun] + records
+        meta = {**prev["meta"], "crashes": prev["meta"]["crashes"] + crashes, "date": meta["date"],
+                "updated": prev["meta"].get("updated", 0) + len(rerun)}
+    records.sort(key=lambda r: (list(TABLES).index(r["table"]), r["arch"], r["mode"] != "eager", r["id"]))
     write_outputs(args.out, meta, records, report.markdown(records, meta), args.docs)
     print(report.summary_text(records))
     return 0

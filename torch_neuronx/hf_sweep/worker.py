@@ -7,7 +7,7 @@ from .checks import Arch
 class Registry:
     def cases(self, unit):
         table, _, model_type = unit["name"].partition("/")
-        arch = Arch(table, model_type)
+        arch = Arch(table, model_type, compiled=unit["dtype"] == "compile")
         for check, thunk in arch.cases():
             yield f"{unit['name']}|{unit['dtype']}|{check}", check, thunk
 
