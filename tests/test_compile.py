@@ -303,3 +303,20 @@ def test_conformance_tool_compile_sweep(tmp_path):
     res = json.loads((tmp_path / "results.json").read_text())["results"]
     assert len(res) >= 14 and all(x["cat"] == "compile" for x in res)
     assert all(x["outcome"] == "pass" for x in res), [x for x in res if x["outcome"] != "pass"]
+
+
+def test_random_ops_compile_and_draw_from_the_neuron_generator():
+    f = torch.compile(lambda x: F.dropout(x, 0.5, training=True), backend="neuron")
+    x = torch.ones(4096, device="neuron")
+    torch.manual_seed(3)
+    a = f(x)
+    torch.manual_seed(3)
+    b = f(x)
+    c = f(x)
+    assert torch.equal(a, b) and not torch.equal(b, c)  # seeded by torch.manual_seed, advancing
+    kept = (a != 0).float().mean().item()
+    assert 0.45 < kept < 0.55 and set(a.unique().tolist()) == {0.0, 2.0}
+    # The harness's RNG freezing (get/set_rng_state under no_dispatch) runs eagerly inside compiled code.
+    with torch.random.fork_rng(device_type="neuron"):
+        torch.testing.assert_close(torch.compile(lambda t: t.sin() + torch.neuron.get_rng_state().numel(),
+                                                 backend="neuron")(x).cpu(), x.cpu().sin() + 5056)

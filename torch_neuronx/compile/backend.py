@@ -109,3 +109,22 @@ def neuron_backend(gm, example_inputs, **kwargs):
         keep_inference_input_mutations=True,
     )
     return backend(gm, example_inputs)
+
+
+def _host_only_functions():
+    """The device module's RNG-state functions are host work (they drain the device and copy the
+    generator state): Dynamo runs them as they are instead of tracing into them, as it does for
+    torch.cuda's. Installed when the backend is first looked up, before any tracing."""
+    import torch._dynamo
+
+    mod = torch.neuron
+    for name in ("get_rng_state", "get_rng_state_all", "set_rng_state", "set_rng_state_all", "manual_seed",
+                 "manual_seed_all", "seed", "seed_all", "initial_seed", "synchronize"):
+        fn = getattr(mod, name, None)
+        if fn is not None and not getattr(fn, "_neuronx_host_only", False):
+            wrapped = torch._dynamo.disable(fn, recursive=True)
+            wrapped._neuronx_host_only = True
+            setattr(mod, name, wrapped)
+
+
+_host_only_functions()

@@ -112,7 +112,9 @@ def check_compile(op, sample):
         raise de
     values = op.name not in UNINITIALIZED
     host_ok = not targets_device(sample) or names_host(sample)
-    return assert_same(dev, cpu, "compiled output", values=values, host_ok=host_ok), None
+    # A compiled graph returns materialized results: a lazily conjugated/negated view in eager
+    # (is_conj()/is_neg()) comes back with the same values, resolved (as with Inductor).
+    return assert_same(dev, cpu, "compiled output", values=values, host_ok=host_ok, check_bits=False), None
 
 
 def _empty_outs(result, device):
