@@ -90,6 +90,9 @@ Executable::Executable(Graph g, std::vector<FusionGroup> groups, std::vector<Ker
                        std::vector<std::shared_ptr<SharedObject>> libraries)
     : graph_(std::move(g)), groups_(std::move(groups)), kernels_(std::move(kernels)), libraries_(std::move(libraries)) {
   host_value_.assign(graph_.values.size(), false);
+  output_index_.assign(graph_.values.size(), -1);
+  for (size_t i = 0; i < graph_.outputs.size(); ++i)
+    if (graph_.outputs[i] >= 0 && output_index_[graph_.outputs[i]] < 0) output_index_[graph_.outputs[i]] = static_cast<int>(i);
   // Launch list: a group runs where its last node stood.
   std::vector<int> last_of_group(groups_.size());
   for (size_t gi = 0; gi < groups_.size(); ++gi) last_of_group[gi] = groups_[gi].nodes.back();
@@ -327,7 +330,8 @@ void Executable::run_node(const Node& n, std::vector<c10::IValue>& env, c10::Dev
   for (size_t r = 0; r < n.outputs.size() && r < stack.size(); ++r) env[n.outputs[r]] = std::move(stack[r]);
 }
 
-void Executable::run_group(int gi, std::vector<c10::IValue>& env, c10::DeviceIndex d) const {
+void Executable::run_group(int gi, std::vector<c10::IValue>& env, const std::vector<at::Tensor>& outputs,
+                           c10::DeviceIndex d) const {
   const FusionGroup& grp = groups_[gi];
   // The loop indexes every operand by the same flat index: it needs dense operands of one shape.
   const at::Tensor& first = env[grp.tensor_inputs.at(0)].toTensor();
@@ -343,6 +347,14 @@ void Executable::run_group(int gi, std::vector<c10::IValue>& env, c10::DeviceInd
   std::vector<char*> ptrs;
   for (int v : grp.tensor_inputs) ptrs.push_back(static_cast<char*>(env[v].toTensor().data_ptr()));
   for (int o : grp.outputs) {
+    // A graph output is written straight into the device buffer returned to the caller.
+    const int oi = output_index_[o];
+    if (oi >= 0 && outputs[oi].defined() && outputs[oi].is_contiguous() && outputs[oi].sizes() == first.sizes() &&
+        outputs[oi].scalar_type() == first.scalar_type()) {
+      ptrs.push_back(static_cast<char*>(outputs[oi].data_ptr()));
+      env[o] = outputs[oi];
+      continue;
+    }
     at::Tensor t = at::empty(first.sizes(), first.options());
     ptrs.push_back(static_cast<char*>(t.data_ptr()));
     env[o] = std::move(t);
@@ -358,7 +370,7 @@ void Executable::execute(std::vector<c10::IValue>& env, const std::vector<at::Te
   // The program's inputs and results are plain CPU views: no autograd on the queue.
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   for (const auto& s : steps_) {
-    if (s.group) run_group(s.index, env, d);
+    if (s.group) run_group(s.index, env, outputs, d);
     else run_node(graph_.nodes[s.index], env, d);
     for (int v : s.release) env[v] = c10::IValue();
   }

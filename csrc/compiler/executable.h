@@ -41,13 +41,15 @@ class __attribute__((visibility("hidden"))) Executable : public std::enable_shar
     std::vector<int> release;  // values whose last use is this step
   };
   void run_node(const Node& n, std::vector<c10::IValue>& env, c10::DeviceIndex d) const;
-  void run_group(int gi, std::vector<c10::IValue>& env, c10::DeviceIndex d) const;
+  void run_group(int gi, std::vector<c10::IValue>& env, const std::vector<at::Tensor>& outputs,
+                 c10::DeviceIndex d) const;
   Graph graph_;
   std::vector<FusionGroup> groups_;
   std::vector<KernelFn> kernels_;
   std::vector<std::shared_ptr<SharedObject>> libraries_;
   std::vector<Step> steps_;
   std::vector<bool> host_value_;  // scalars the host computes before launch
+  std::vector<int> output_index_;  // value -> its position among the graph outputs, or -1
 };
 
 // Runs the passes, generates and builds the kernels (or loads them from the cache).
