@@ -25,11 +25,6 @@ namespace neuronx::compiler {
 
 namespace {
 
-void for_each_value(const Arg& a, const std::function<void(int)>& fn) {
-  if (a.kind == Arg::Kind::kValue) fn(a.value);
-  for (const auto& i : a.items) for_each_value(i, fn);
-}
-
 double as_double(const c10::IValue& v) {
   if (v.isDouble()) return v.toDouble();
   if (v.isInt()) return static_cast<double>(v.toInt());
@@ -263,11 +258,7 @@ void Executable::run_node(const Node& n, std::vector<c10::IValue>& env, c10::Dev
   for (size_t i = 0; i < n.args.size(); ++i) {
     const Arg& a = n.args[i];
     c10::TypePtr type = formals[i].real_type();
-    bool optional = false;
-    if (auto o = type->cast<c10::OptionalType>()) {
-      type = o->getElementType();
-      optional = true;
-    }
+    if (auto o = type->cast<c10::OptionalType>()) type = o->getElementType();
     const auto kind = type->kind();
     if (kind == c10::TypeKind::GeneratorType) {
       const c10::IValue v = a.kind == Arg::Kind::kValue ? env[a.value] : a.constant;
@@ -307,16 +298,13 @@ void Executable::run_node(const Node& n, std::vector<c10::IValue>& env, c10::Dev
     if (kind == c10::TypeKind::TensorType && (v.isDouble() || v.isInt() || v.isBool())) v = wrapped_number(v);
     if (v.isDevice() && v.toDevice().type() == kNeuron) v = c10::IValue(c10::Device(c10::kCPU));
     if (kind == c10::TypeKind::IntType && v.isDouble()) v = c10::IValue(static_cast<int64_t>(std::llround(v.toDouble())));
-    (void)optional;
     stack.push_back(std::move(v));
   }
-  // Ops whose neuron kernel differs from CPU's and is written against ATen ops, so it runs on the
-  // CPU views too: the "*_overrideable" ops (SDPA's fused forms, PrivateUse1-only) and histc of
-  // integers (CUDA counts them; CPU's kernel takes floating point only).
+  // Node::neuron_kernel (decided once, when the graph is built): our kernel instead of CPU's.
   const auto& h = *n.op;
-  const bool integral_histc = n.target.rfind("aten::histc", 0) == 0 && stack[0].isTensor() &&
+  const bool integral_histc = n.neuron_kernel == Node::NeuronKernel::kIntegralInput && stack[0].isTensor() &&
                               c10::isIntegralType(stack[0].toTensor().scalar_type(), false);
-  if (n.target.find("_overrideable") != std::string::npos || integral_histc)
+  if (n.neuron_kernel == Node::NeuronKernel::kAlways || integral_histc)
     h.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), &stack);
   else
     h.callBoxed(stack);

@@ -32,7 +32,6 @@ class __attribute__((visibility("hidden"))) Executable : public std::enable_shar
   // On the queue: runs the program over `env` (inputs filled in) and writes the outputs.
   void execute(std::vector<c10::IValue>& env, const std::vector<at::Tensor>& outputs, c10::DeviceIndex d) const;
   const Graph& graph() const { return graph_; }
-  size_t num_groups() const { return groups_.size(); }
 
  private:
   struct Step {

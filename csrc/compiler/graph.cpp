@@ -96,7 +96,6 @@ std::string Graph::dump() const {
   for (const auto& n : nodes) {
     for (size_t i = 0; i < n.outputs.size(); ++i) os << (i ? ", %" : "%") << values[n.outputs[i]].name;
     os << " = " << n.target;
-    if (n.kind == Node::Kind::kGetItem) os << "[" << n.getitem_index << "]";
     os << "(";
     for (size_t i = 0; i < n.args.size(); ++i) {
       if (i) os << ", ";

@@ -37,17 +37,20 @@ struct Arg {
 };
 
 struct Node {
-  enum class Kind : uint8_t { kAten, kGetItem, kScalarOp } kind = Kind::kAten;
+  enum class Kind : uint8_t { kAten, kScalarOp } kind = Kind::kAten;
   std::optional<c10::OperatorHandle> op;  // kAten
-  std::string target;                     // "aten::add.Tensor", "getitem", "mul" (scalar op)
+  std::string target;                     // "aten::add.Tensor", or a scalar op ("mul", "sym_size")
   std::vector<Arg> args;                  // schema order, defaults filled in (kAten)
   std::vector<int> outputs;               // value ids this node defines
-  int getitem_index = -1;                 // kGetItem: args[0] is the tuple value
   int fused_group = -1;                   // set by the fusion pass
+  // Whether the op runs its neuron kernel (written against ATen ops) on the CPU views instead of
+  // CPU's: the "*_overrideable" ops (SDPA's fused forms, PrivateUse1-only) always, histc when its
+  // input is integral (CUDA counts integers, CPU's kernel takes floating point only).
+  enum class NeuronKernel : uint8_t { kNever, kAlways, kIntegralInput } neuron_kernel = NeuronKernel::kNever;
 };
 
 struct Value {
-  enum class Kind : uint8_t { kTensor, kScalar, kTuple, kOther } kind = Kind::kOther;
+  enum class Kind : uint8_t { kTensor, kScalar, kOther } kind = Kind::kOther;
   std::optional<TensorMeta> meta;  // tensors
   std::string name;                // FX name, for dumps and errors
 };
@@ -63,6 +66,13 @@ struct SymbolSource {
   int input;       // index into Graph::inputs
   int dim = -1;    // -1: the input is the scalar itself
 };
+
+// Calls fn with every value id an operand (or a list operand) refers to.
+template <typename F>
+void for_each_value(const Arg& a, F&& fn) {
+  if (a.kind == Arg::Kind::kValue) fn(a.value);
+  for (const auto& i : a.items) for_each_value(i, fn);
+}
 
 struct Graph {
   std::vector<Value> values;

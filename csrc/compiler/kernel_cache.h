@@ -36,8 +36,6 @@ class KernelCache {
   std::vector<std::vector<KernelFn>> load(const std::vector<std::string>& sources,
                                           const std::vector<std::vector<std::string>>& names,
                                           std::vector<std::shared_ptr<SharedObject>>& keep, BuildStats& stats);
-  // The part of every cache key that is not the source.
-  const std::string& toolchain_key() const { return toolchain_key_; }
   std::string hash(const std::string& data) const;
 
  private:

@@ -111,6 +111,8 @@ Graph to_graph(const py::dict& desc) {
       auto h = dispatcher.findSchema({name, overload});
       TORCH_CHECK(h, "torch_neuronx compiler: unknown operator ", n.target);
       n.op = *h;
+      if (name.find("_overrideable") != std::string::npos) n.neuron_kernel = Node::NeuronKernel::kAlways;
+      else if (name == "aten::histc") n.neuron_kernel = Node::NeuronKernel::kIntegralInput;
       const auto& formals = h->schema().arguments();
       for (size_t i = 0; i < formals.size(); ++i) {
         const auto& f = formals[i];
@@ -171,9 +173,7 @@ void bind(py::module& parent) {
              py::list r;
              for (const auto& v : out) r.append(ivalue_to_py(v));
              return r;
-           })
-      .def_property_readonly("num_kernels", &Executable::num_groups)
-      .def("dump", [](const Executable& e) { return e.graph().dump(); });
+           });
   m.def("compile", [](const py::dict& desc, const std::string& debug_dir) {
     Graph g = to_graph(desc);
     CompileStats stats;
@@ -197,7 +197,6 @@ void bind(py::module& parent) {
     s["kernel_cache_corrupt"] = stats.build.corrupt;
     return py::make_tuple(exe, s);
   });
-  m.def("cache_dir", [] { return KernelCache::instance().directory(); });
 }
 
 }  // namespace neuronx::compiler

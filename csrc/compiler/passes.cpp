@@ -13,11 +13,6 @@ namespace neuronx::compiler {
 
 namespace {
 
-void for_each_value(const Arg& a, const std::function<void(int)>& fn) {
-  if (a.kind == Arg::Kind::kValue) fn(a.value);
-  for (const auto& i : a.items) for_each_value(i, fn);
-}
-
 void for_each_value(const Node& n, const std::function<void(int)>& fn) {
   for (const auto& a : n.args) for_each_value(a, fn);
 }
@@ -94,7 +89,7 @@ int eliminate_common_subexpressions(Graph& g) {
       continue;
     }
     std::ostringstream key;
-    key << n.target << "#" << n.getitem_index << "(";
+    key << n.target << "(";
     for (const auto& a : n.args) {
       key_of(key, a);
       key << ";";
