@@ -4,8 +4,11 @@ CPU tensors, in the same two processes, interleaved, medians over repetitions.
     python bench/collectives.py                 # 4 KB .. 256 MB, writes bench/results/collectives-<date>.json
     python bench/collectives.py --quick         # 4 KB .. 1 MB, 2 repetitions (harness smoke test)
 
-Each timed sample issues `iters` asynchronous collectives back to back and waits for all of them
-(for neuron, then synchronizes the device): algorithm bandwidth = bytes per rank / time per op.
+Each timed sample issues `iters` asynchronous collectives back to back, cycling over a few distinct
+buffers (as DDP's gradient buckets are), and waits for all of them (for neuron, then synchronizes the
+device): algorithm bandwidth = bytes per rank / time per op. Distinct buffers keep the comparison
+honest: Gloo runs queued collectives on the same tensor concurrently (racing on its memory), which
+the neuron backend does not (a collective waits for earlier ones on overlapping memory).
 """
 import argparse
 import datetime
@@ -24,6 +27,10 @@ OPS = ("all_reduce", "all_gather_into_tensor")
 
 def _iters(nbytes):
     return max(2, min(200, (64 << 20) // nbytes))
+
+
+def _buffers(nbytes):
+    return 4 if nbytes <= (64 << 20) else 2
 
 
 def rank_main(args):
@@ -45,16 +52,16 @@ def rank_main(args):
             bufs = {}
             for mode in ("gloo_cpu", "neuron"):
                 dev = "cpu" if mode == "gloo_cpu" else "neuron"
-                x = torch.ones(n, device=dev)
-                out = torch.empty(n * world, device=dev) if op == "all_gather_into_tensor" else None
-                bufs[mode] = (x, out)
+                bufs[mode] = [(torch.ones(n, device=dev),
+                               torch.empty(n * world, device=dev) if op == "all_gather_into_tensor" else None)
+                              for _ in range(_buffers(nbytes))]
 
             def run(mode, iters):
-                x, out = bufs[mode]
                 group = gloo if mode == "gloo_cpu" else None
                 t0 = time.perf_counter()
                 works = []
-                for _ in range(iters):
+                for i in range(iters):
+                    x, out = bufs[mode][i % len(bufs[mode])]
                     if op == "all_reduce":
                         works.append(dist.all_reduce(x, group=group, async_op=True))
                     else:

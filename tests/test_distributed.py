@@ -61,6 +61,11 @@ def test_every_collective_matches_gloo(tmp_path):
     assert all(r["checked"] >= 5 * 3 * 20 for r in results)
 
 
+def test_direct_algorithms_with_three_ranks(tmp_path):
+    results, _ = launch("direct_algorithms", tmp_path, nprocs=3)
+    assert all(r["checked"] >= 60 for r in results), results
+
+
 def test_ddp_matches_cpu(tmp_path):
     results, _ = launch("ddp", tmp_path)
     for r in results:

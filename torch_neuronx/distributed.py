@@ -15,26 +15,34 @@ from . import _C
 BACKEND = "neuron"
 
 
-# Transport worker threads. The collective queue issues collectives in order and the transport
-# runs several at once (a fingerprint exchange beside the previous collective's data).
+# Transport worker threads. The collective queue issues collectives in order and the data
+# transport runs several at once; the control transport carries one fingerprint exchange at a time.
 TRANSPORT_THREADS = 4
+CONTROL_THREADS = 1
 
 
-def _transport(store, rank: int, size: int, timeout: datetime.timedelta):
-    """The Gloo process group that moves a neuron group's data, in its own key space of `store`."""
+def _gloo(store, prefix: str, rank: int, size: int, timeout: datetime.timedelta, threads: int):
     opts = dist.ProcessGroupGloo._Options()
     opts._timeout = timeout
-    opts._threads = TRANSPORT_THREADS
+    opts._threads = threads
     ifnames = os.environ.get("GLOO_SOCKET_IFNAME")
     if ifnames:
         opts._devices = [dist.ProcessGroupGloo.create_device(interface=i) for i in ifnames.split(",")]
     else:
         opts._devices = [dist.ProcessGroupGloo.create_default_device()]
-    return dist.ProcessGroupGloo(dist.PrefixStore("neuron_transport/", store), rank, size, opts)
+    return dist.ProcessGroupGloo(dist.PrefixStore(prefix, store), rank, size, opts)
+
+
+def _transports(store, rank: int, size: int, timeout: datetime.timedelta):
+    """The two Gloo process groups of a neuron group, each in its own key space of `store`: one
+    moves the data, the other (its own connections) carries the check that precedes each
+    collective, so that check does not wait behind the previous collective's bytes."""
+    return (_gloo(store, "neuron_transport/", rank, size, timeout, TRANSPORT_THREADS),
+            _gloo(store, "neuron_control/", rank, size, timeout, CONTROL_THREADS))
 
 
 def _create_backend(store, rank: int, size: int, timeout: datetime.timedelta):
-    return _C._distributed.ProcessGroupNeuron(_transport(store, rank, size, timeout), rank, size, timeout)
+    return _C._distributed.ProcessGroupNeuron(*_transports(store, rank, size, timeout), rank, size, timeout)
 
 
 def _register() -> None:

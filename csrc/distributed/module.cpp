@@ -20,11 +20,12 @@ void bind(py::module& parent) {
   }, py::call_guard<py::gil_scoped_release>());
   m.def("_shutdown", &ProcessGroupNeuron::shutdown_all, py::call_guard<py::gil_scoped_release>());
   py::class_<ProcessGroupNeuron, c10d::Backend, c10::intrusive_ptr<ProcessGroupNeuron>>(m, "ProcessGroupNeuron")
-      .def(py::init([](const c10::intrusive_ptr<c10d::Backend>& transport, int rank, int size,
+      .def(py::init([](const c10::intrusive_ptr<c10d::Backend>& transport,
+                       const c10::intrusive_ptr<c10d::Backend>& control, int rank, int size,
                        std::chrono::milliseconds timeout) {
-             return c10::make_intrusive<ProcessGroupNeuron>(transport, rank, size, timeout);
+             return c10::make_intrusive<ProcessGroupNeuron>(transport, control, rank, size, timeout);
            }),
-           py::arg("transport"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
+           py::arg("transport"), py::arg("control"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
            py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("transport", &ProcessGroupNeuron::transport)
       // NCCL's split needs every parent rank; a new transport needs only the members.
@@ -50,15 +51,18 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupNeuron::split(const c10::intrusive
   const int rank = static_cast<int>(it - ranks.begin());
   const int size = static_cast<int>(ranks.size());
   const auto timeout = opts ? opts->timeout : timeout_;
-  c10::intrusive_ptr<c10d::Backend> transport;
+  c10::intrusive_ptr<c10d::Backend> transport, control;
   {
     py::gil_scoped_acquire gil;
-    py::object make = py::module::import("torch_neuronx.distributed").attr("_transport");
-    transport = make(store, rank, size, timeout).cast<c10::intrusive_ptr<c10d::Backend>>();
+    py::object make = py::module::import("torch_neuronx.distributed").attr("_transports");
+    auto pair = make(store, rank, size, timeout).cast<std::pair<c10::intrusive_ptr<c10d::Backend>,
+                                                                c10::intrusive_ptr<c10d::Backend>>>();
+    transport = pair.first;
+    control = pair.second;
   }
   last_split_store_ = store;
   last_split_ranks_ = ranks;
-  last_split_ = c10::make_intrusive<ProcessGroupNeuron>(transport, rank, size, timeout);
+  last_split_ = c10::make_intrusive<ProcessGroupNeuron>(transport, control, rank, size, timeout);
   return last_split_;
 }
 

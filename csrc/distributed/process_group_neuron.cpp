@@ -1,6 +1,10 @@
 #include "distributed/process_group_neuron.h"
 
 #include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/maximum.h>
+#include <ATen/ops/minimum.h>
+#include <ATen/ops/zeros.h>
 #include <torch/csrc/distributed/c10d/exception.h>
 
 #include <algorithm>
@@ -93,6 +97,8 @@ void average(const c10d::ReduceOp& op, at::Tensor& t, int size) {
   else t.div_(size);
 }
 
+}  // namespace
+
 struct CollectiveState {
   std::mutex mu;
   std::condition_variable cv;
@@ -114,6 +120,14 @@ struct CollectiveState {
     }
     cv.notify_all();
   }
+  bool finished() {
+    std::lock_guard<std::mutex> g(mu);
+    return done;
+  }
+  void wait_finished() {
+    std::unique_lock<std::mutex> lk(mu);
+    cv.wait(lk, [&] { return done; });
+  }
 };
 
 // What a rank is about to run, exchanged before the data so that ranks that
@@ -121,7 +135,7 @@ struct CollectiveState {
 // on every rank instead of a transport that aborts the process.
 struct Fingerprint {
   int64_t op = 0, dtype = -1, numel = 0, root = -1, reduce = -1;
-  static constexpr int64_t kFields = 6, kMagic = 0x4e4e5843;  // "NNXC"
+  static constexpr int64_t kFields = 5, kMagic = 0x4e4e5843;  // "NNXC"
   std::string describe(const char* name) const {
     std::string s = name;
     if (dtype >= 0) s += " of " + std::to_string(numel) + " " + c10::toString(static_cast<c10::ScalarType>(dtype)) +
@@ -142,29 +156,152 @@ Fingerprint fingerprint(c10d::OpType type, const std::vector<at::Tensor>& key, i
   return f;
 }
 
-// Allgathers the fingerprints (fixed size, so this exchange itself cannot
-// mismatch) and throws the same description of the mismatch on every rank.
-void check_fingerprints(c10d::Backend& g, const Fingerprint& f) {
-  const int n = g.getSize();
-  at::Tensor mine = at::empty({Fingerprint::kFields}, at::kLong);
-  auto* m = mine.data_ptr<int64_t>();
-  m[0] = Fingerprint::kMagic, m[1] = f.op, m[2] = f.dtype, m[3] = f.numel, m[4] = f.root, m[5] = f.reduce;
-  at::Tensor all = at::empty({n * Fingerprint::kFields}, at::kLong);
-  g._allgather_base(all, mine)->wait();
-  const int64_t* a = all.data_ptr<int64_t>();
-  bool same = true;
-  for (int r = 1; r < n && same; ++r)
-    same = std::equal(a, a + Fingerprint::kFields, a + r * Fingerprint::kFields);
-  if (same) return;
+namespace {
+std::string mismatch_message(const std::vector<Fingerprint>& per_rank) {
   std::string msg = "collective mismatch: the ranks called different collectives or sizes:";
-  for (int r = 0; r < n; ++r) {
-    const int64_t* x = a + r * Fingerprint::kFields;
-    Fingerprint o{x[1], x[2], x[3], x[4], x[5]};
-    const auto op = static_cast<c10d::OpType>(o.op);
-    msg += "\n  rank " + std::to_string(r) + ": " + o.describe(c10d::opTypeToString(op).c_str());
+  for (size_t r = 0; r < per_rank.size(); ++r) {
+    const auto op = static_cast<c10d::OpType>(per_rank[r].op);
+    msg += "\n  rank " + std::to_string(r) + ": " + per_rank[r].describe(c10d::opTypeToString(op).c_str());
   }
-  throw std::runtime_error(msg + "\nEvery rank must make the same collective calls in the same order.");
+  return msg + "\nEvery rank must make the same collective calls in the same order.";
 }
+
+}  // namespace
+
+// The fingerprints of a group's collectives, checked in batches (see check()).
+class Sequencer {
+ public:
+  std::mutex order_mu;  // held from add() until the collective is on the queue
+  at::Tensor scratch;   // used by the collective queue only
+  uint64_t add(const Fingerprint& f);
+  void check(uint64_t seq, c10d::Backend& control);
+
+ private:
+  static constexpr int64_t kBatch = 64, kWords = 2 + kBatch * Fingerprint::kFields;
+  struct Entry {
+    Fingerprint fp;
+    bool checked;
+    std::string error;
+  };
+  std::mutex mu_;
+  std::deque<Entry> pending_;  // from sequence number base_ on
+  uint64_t base_ = 0, next_ = 0;
+};
+
+// The memory of the group's collectives that have been issued and not finished.
+class InFlight {
+ public:
+  using Ranges = std::vector<std::pair<uintptr_t, uintptr_t>>;
+  void admit(const Ranges& ranges, std::shared_ptr<CollectiveState> state);
+
+ private:
+  std::mutex mu_;
+  std::vector<std::pair<Ranges, std::shared_ptr<CollectiveState>>> entries_;
+};
+
+uint64_t Sequencer::add(const Fingerprint& f) {
+  std::lock_guard<std::mutex> g(mu_);
+  pending_.push_back({f, false, {}});
+  return next_++;
+}
+
+// Called by the collective queue, in sequence order. When `seq` is not yet
+// checked, the fingerprints of every collective this rank has enqueued so far
+// (up to kBatch) are exchanged in one fixed-size allgather; the first m of
+// them, m the smallest count any rank sent, are checked at once. Every rank
+// computes the same m, so the exchanges happen at the same collectives on
+// every rank.
+void Sequencer::check(uint64_t seq, c10d::Backend& control) {
+  std::unique_lock<std::mutex> lk(mu_);
+  TORCH_INTERNAL_ASSERT(seq == base_ && !pending_.empty(), "collective fingerprints checked out of order");
+  if (!pending_.front().checked) {
+    const int n = control.getSize();
+    const int64_t count = std::min<int64_t>(kBatch, static_cast<int64_t>(pending_.size()));
+    at::Tensor mine = at::zeros({kWords}, at::kLong);
+    int64_t* m = mine.data_ptr<int64_t>();
+    m[0] = Fingerprint::kMagic;
+    m[1] = count;
+    for (int64_t i = 0; i < count; ++i) {
+      const Fingerprint& f = pending_[i].fp;
+      int64_t* x = m + 2 + i * Fingerprint::kFields;
+      x[0] = f.op, x[1] = f.dtype, x[2] = f.numel, x[3] = f.root, x[4] = f.reduce;
+    }
+    lk.unlock();
+    at::Tensor all = at::empty({n * kWords}, at::kLong);
+    std::string failure;
+    try {
+      control._allgather_base(all, mine)->wait();
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+    lk.lock();
+    if (!failure.empty()) {
+      pending_.pop_front();
+      ++base_;
+      throw std::runtime_error(failure);
+    }
+    const int64_t* a = all.data_ptr<int64_t>();
+    int64_t checked = count;
+    for (int r = 0; r < n; ++r) {
+      TORCH_CHECK(a[r * kWords] == Fingerprint::kMagic, "collective check: rank ", r,
+                  " sent an unexpected message (is it running the same torch_neuronx version?)");
+      checked = std::min(checked, a[r * kWords + 1]);
+    }
+    for (int64_t i = 0; i < checked; ++i) {
+      std::vector<Fingerprint> per_rank;
+      bool same = true;
+      for (int r = 0; r < n; ++r) {
+        const int64_t* x = a + r * kWords + 2 + i * Fingerprint::kFields;
+        per_rank.push_back(Fingerprint{x[0], x[1], x[2], x[3], x[4]});
+        same = same && std::equal(x, x + Fingerprint::kFields, a + 2 + i * Fingerprint::kFields);
+      }
+      pending_[i].checked = true;
+      if (!same) pending_[i].error = mismatch_message(per_rank);
+    }
+  }
+  std::string error = std::move(pending_.front().error);
+  pending_.pop_front();
+  ++base_;
+  if (!error.empty()) throw std::runtime_error(error);
+}
+
+namespace {
+InFlight::Ranges memory_ranges(const std::vector<at::Tensor>& ts) {
+  InFlight::Ranges out;
+  for (const auto& t : ts) {
+    if (!t.defined() || t.numel() == 0) continue;
+    const auto begin = reinterpret_cast<uintptr_t>(t.data_ptr());
+    int64_t extent = 1;  // elements from the first to the last one addressed
+    for (int64_t i = 0; i < t.dim(); ++i) extent += (t.size(i) - 1) * std::abs(t.stride(i));
+    out.emplace_back(begin, begin + extent * t.element_size());
+  }
+  return out;
+}
+}  // namespace
+
+// Waits until no collective still in flight uses memory that `ranges` overlap,
+// then records the new one: the transport runs collectives concurrently, so
+// two on the same buffer (allreduce(x) twice) would otherwise race.
+void InFlight::admit(const Ranges& ranges, std::shared_ptr<CollectiveState> state) {
+  auto overlaps = [&](const Ranges& other) {
+    for (const auto& a : ranges)
+      for (const auto& b : other)
+        if (a.first < b.second && b.first < a.second) return true;
+    return false;
+  };
+  std::vector<std::shared_ptr<CollectiveState>> wait_for;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    entries_.erase(std::remove_if(entries_.begin(), entries_.end(), [](const auto& e) { return e.second->finished(); }),
+                   entries_.end());
+    for (const auto& e : entries_)
+      if (overlaps(e.first)) wait_for.push_back(e.second);
+    entries_.emplace_back(ranges, std::move(state));
+  }
+  for (const auto& w : wait_for) w->wait_finished();
+}
+
+namespace {
 
 class NeuronWork final : public c10d::Work {
  public:
@@ -286,8 +423,169 @@ class NeuronWork final : public c10d::Work {
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
 
-using Issue = std::function<c10::intrusive_ptr<c10d::Work>(c10d::Backend&)>;
+// Algorithms of our own move data with point-to-point transfers on the
+// control transport: its tag space is not the user's send/recv one, and
+// every rank derives the same tags from the collective's sequence number.
+struct Direct {
+  c10d::Backend* control;
+  at::Tensor* scratch;  // receive buffer of the reduce-scatters (they run one at a time)
+  uint64_t seq;
+  int rank, size;
+  std::chrono::milliseconds timeout;
+  int tag(int64_t step) const { return static_cast<int>((seq % (1u << 21)) * 512 + step % 512); }
+};
+
+using Issue = std::function<c10::intrusive_ptr<c10d::Work>(c10d::Backend&, const Direct&)>;
 using Post = std::function<void()>;
+
+// Several transport operations that make up one collective.
+class JoinedWork final : public c10d::Work {
+ public:
+  explicit JoinedWork(std::vector<c10::intrusive_ptr<c10d::Work>> parts) : parts_(std::move(parts)) {}
+  bool isCompleted() override {
+    return std::all_of(parts_.begin(), parts_.end(), [](auto& w) { return w->isCompleted(); });
+  }
+  bool wait(std::chrono::milliseconds timeout) override {
+    for (auto& w : parts_) w->wait(timeout);
+    return true;
+  }
+
+ private:
+  std::vector<c10::intrusive_ptr<c10d::Work>> parts_;
+};
+
+// Direct algorithms (any world size): every rank sends its data straight to
+// every other rank with point-to-point transfers, which the transport runs
+// on the connection's I/O thread from and into the tensors themselves. The
+// transport's own allgather copies through a fresh flat buffer and its
+// allreduce hands each operation to a worker thread; here both were
+// slower than these (see bench/collectives.py and docs/distributed.md).
+c10::intrusive_ptr<c10d::Work> send(const Direct& d, const at::Tensor& t, int peer, int tag) {
+  std::vector<at::Tensor> v{t};
+  return d.control->send(v, peer, tag);
+}
+c10::intrusive_ptr<c10d::Work> recv(const Direct& d, const at::Tensor& t, int peer, int tag) {
+  std::vector<at::Tensor> v{t};
+  return d.control->recv(v, peer, tag);
+}
+
+// all_gather_into_tensor of contiguous tensors.
+bool direct_allgather_applies(const at::Tensor& out, const at::Tensor& in) {
+  return out.is_contiguous() && in.is_contiguous();
+}
+
+c10::intrusive_ptr<c10d::Work> direct_allgather(const Direct& d, const at::Tensor& out, const at::Tensor& in) {
+  const int64_t n = in.numel();
+  at::Tensor flat_in = in.view(-1), flat_out = out.view(-1);
+  std::vector<c10::intrusive_ptr<c10d::Work>> parts;
+  if (n > 0) {
+    for (int peer = 0; peer < d.size; ++peer) {
+      if (peer == d.rank) continue;
+      parts.push_back(recv(d, flat_out.narrow(0, peer * n, n), peer, d.tag(0)));
+      parts.push_back(send(d, flat_in, peer, d.tag(0)));
+    }
+    at::Tensor own = flat_out.narrow(0, d.rank * n, n);
+    if (own.data_ptr() != flat_in.data_ptr()) own.copy_(flat_in);
+  }
+  return c10::make_intrusive<JoinedWork>(std::move(parts));
+}
+
+// Allreduce of up to kDirectAllreduceBytes: each rank owns 1/size of the
+// tensor; it receives the other ranks' copies of its part, reduces them into
+// its own in rank order, and sends the result to everyone (a reduce-scatter
+// and an allgather: the bytes of a ring, in two steps). Only the owner
+// reduces a part, so every rank ends with the same bits. Above that size
+// the transport's pipelined ring allreduce is as fast (measured), and is used.
+constexpr int64_t kDirectAllreduceBytes = 1 << 20;
+
+bool direct_allreduce_applies(const at::Tensor& t, const c10d::ReduceOp& op) {
+  if (!t.is_contiguous() || t.numel() * t.element_size() > kDirectAllreduceBytes) return false;
+  switch (op.op_) {
+    case c10d::ReduceOp::SUM: case c10d::ReduceOp::PRODUCT:
+      return true;
+    case c10d::ReduceOp::MIN: case c10d::ReduceOp::MAX:
+      return !t.is_complex();
+    case c10d::ReduceOp::BAND: case c10d::ReduceOp::BOR: case c10d::ReduceOp::BXOR:
+      return c10::isIntegralType(t.scalar_type(), /*includeBool=*/true);
+    default:
+      return false;
+  }
+}
+
+void reduce_into(at::Tensor& acc, const at::Tensor& other, const c10d::ReduceOp& op) {
+  switch (op.op_) {
+    case c10d::ReduceOp::SUM: acc.add_(other); break;
+    case c10d::ReduceOp::PRODUCT: acc.mul_(other); break;
+    case c10d::ReduceOp::MIN: at::minimum_out(acc, acc, other); break;
+    case c10d::ReduceOp::MAX: at::maximum_out(acc, acc, other); break;
+    case c10d::ReduceOp::BAND: acc.bitwise_and_(other); break;
+    case c10d::ReduceOp::BOR: acc.bitwise_or_(other); break;
+    case c10d::ReduceOp::BXOR: acc.bitwise_xor_(other); break;
+    default: TORCH_INTERNAL_ASSERT(false, "direct allreduce: unsupported reduce op");
+  }
+}
+
+// Between two ranks: one step instead of two. Each rank sends its tensor to
+// the other (the same bytes as the two halves of a ring) and both reduce the
+// two copies in rank order, so both end with the same bits. Runs on the
+// calling thread and returns finished work.
+c10::intrusive_ptr<c10d::Work> exchange_allreduce(const Direct& d, at::Tensor& t, const c10d::ReduceOp& op) {
+  const at::Tensor flat = t.view(-1);
+  const int64_t bytes = flat.numel() * flat.element_size();
+  std::vector<c10::intrusive_ptr<c10d::Work>> none;
+  if (bytes == 0) return c10::make_intrusive<JoinedWork>(std::move(none));
+  if (!d.scratch->defined() || d.scratch->numel() < bytes) *d.scratch = at::empty({bytes}, at::kByte);
+  const int peer = 1 - d.rank;
+  at::Tensor theirs = d.scratch->narrow(0, 0, bytes).view(flat.scalar_type());
+  auto r = recv(d, theirs, peer, d.tag(0));
+  auto w = send(d, flat, peer, d.tag(0));
+  r->wait(d.timeout);
+  w->wait(d.timeout);
+  at::Tensor acc = flat;
+  if (d.rank == 0) {
+    reduce_into(acc, theirs, op);  // x0 op x1, into x0
+  } else {
+    reduce_into(theirs, flat, op);  // x0 op x1, into the received x0
+    acc.copy_(theirs);
+  }
+  return c10::make_intrusive<JoinedWork>(std::move(none));
+}
+
+// Runs the reduce-scatter on the calling thread (it waits for the receives
+// it reduces) and returns the allgather, still moving.
+c10::intrusive_ptr<c10d::Work> direct_allreduce(const Direct& d, const at::Tensor& t, const c10d::ReduceOp& op) {
+  const auto parts = t.view(-1).tensor_split(d.size);
+  const at::Tensor& mine = parts[d.rank];
+  const int64_t bytes = mine.numel() * mine.element_size();
+  // Kept from one collective to the next: a fresh buffer would be paged in by every receive.
+  if (!d.scratch->defined() || d.scratch->numel() < (d.size - 1) * bytes)
+    *d.scratch = at::empty({(d.size - 1) * bytes}, at::kByte);
+  std::vector<at::Tensor> theirs(d.size);
+  std::vector<c10::intrusive_ptr<c10d::Work>> recvs(d.size), sends;
+  for (int peer = 0, slot = 0; peer < d.size; ++peer) {
+    if (peer == d.rank) continue;
+    if (bytes > 0) {
+      theirs[peer] = d.scratch->narrow(0, bytes * slot++, bytes).view(mine.scalar_type());
+      recvs[peer] = recv(d, theirs[peer], peer, d.tag(0));
+    }
+    if (parts[peer].numel() > 0) sends.push_back(send(d, parts[peer], peer, d.tag(0)));
+  }
+  at::Tensor acc = mine;
+  for (int peer = 0; peer < d.size; ++peer) {
+    if (!recvs[peer]) continue;
+    recvs[peer]->wait(d.timeout);
+    reduce_into(acc, theirs[peer], op);
+  }
+  // The parts sent above are overwritten by the allgather's receives.
+  for (auto& w : sends) w->wait(d.timeout);
+  std::vector<c10::intrusive_ptr<c10d::Work>> gathers;
+  for (int peer = 0; peer < d.size; ++peer) {
+    if (peer == d.rank) continue;
+    if (parts[peer].numel() > 0) gathers.push_back(recv(d, parts[peer], peer, d.tag(1)));
+    if (bytes > 0) gathers.push_back(send(d, mine, peer, d.tag(1)));
+  }
+  return c10::make_intrusive<JoinedWork>(std::move(gathers));
+}
 
 }  // namespace
 
@@ -309,6 +607,7 @@ void ProcessGroupNeuron::shutdown_all() {
     g_shut_down = true;
     for (ProcessGroupNeuron* pg : g_groups) {
       transports.push_back(std::move(pg->gloo_));
+      transports.push_back(std::move(pg->control_));
       pg->last_split_.reset();
       pg->last_split_store_.reset();
     }
@@ -316,9 +615,15 @@ void ProcessGroupNeuron::shutdown_all() {
   transports.clear();  // the caller has released the GIL
 }
 
-ProcessGroupNeuron::ProcessGroupNeuron(c10::intrusive_ptr<c10d::Backend> transport, int rank, int size,
+ProcessGroupNeuron::ProcessGroupNeuron(c10::intrusive_ptr<c10d::Backend> transport,
+                                       c10::intrusive_ptr<c10d::Backend> control, int rank, int size,
                                        std::chrono::milliseconds timeout)
-    : c10d::Backend(rank, size), gloo_(std::move(transport)), timeout_(timeout) {
+    : c10d::Backend(rank, size),
+      gloo_(std::move(transport)),
+      control_(std::move(control)),
+      timeout_(timeout),
+      sequencer_(std::make_shared<Sequencer>()),
+      in_flight_(std::make_shared<InFlight>()) {
   {
     std::lock_guard<std::mutex> g(g_groups_mu);
     TORCH_CHECK(!g_shut_down, "the neuron distributed backend was shut down (interpreter exit)");
@@ -328,6 +633,8 @@ ProcessGroupNeuron::ProcessGroupNeuron(c10::intrusive_ptr<c10d::Backend> transpo
   TORCH_CHECK_VALUE(gloo_->getRank() == rank && gloo_->getSize() == size,
                     "ProcessGroupNeuron: transport is rank ", gloo_->getRank(), " of ", gloo_->getSize(),
                     ", expected rank ", rank, " of ", size);
+  TORCH_CHECK_VALUE(control_ && control_->getRank() == rank && control_->getSize() == size,
+                    "ProcessGroupNeuron: the control transport must be a backend of the same ranks");
 }
 
 c10::intrusive_ptr<c10d::Backend::Options> ProcessGroupNeuron::getBackendOptions() {
@@ -406,21 +713,21 @@ rt::Queue& ProcessGroupNeuron::ordering_queue(c10::DeviceIndex d) {
 void ProcessGroupNeuron::setTimeout(std::chrono::milliseconds timeout) {
   timeout_ = timeout;
   gloo_->setTimeout(timeout);
+  control_->setTimeout(timeout);
 }
 
 namespace {
 
 // Runs one collective on the collective queue of `device`, after the work
 // queued so far on the caller's current stream.
-c10::intrusive_ptr<c10d::Work> run_collective(int rank, const Fingerprint* fp,
-                                              const c10::intrusive_ptr<c10d::Backend>& gloo,
-                                              const std::shared_ptr<Completer>& completer, rt::Queue& coll,
-                                              c10d::OpType type,
-                                              const char* name, c10::DeviceIndex device, bool on_host,
-                                              std::vector<at::Tensor> keep,
+c10::intrusive_ptr<c10d::Work> run_collective(const Links& links, const Fingerprint* fp, rt::Queue& coll,
+                                              c10d::OpType type, const char* name, c10::DeviceIndex device,
+                                              bool on_host, std::vector<at::Tensor> keep,
                                               std::vector<at::Tensor> outputs, Issue issue, Post post) {
-  const bool check = fp != nullptr;
-  const Fingerprint f = fp ? *fp : Fingerprint{};
+  const bool p2p = type == c10d::OpType::SEND || type == c10d::OpType::RECV || type == c10d::OpType::RECVANYSOURCE;
+  // Point-to-point transfers are not tracked: their completion is the
+  // caller's host wait, which may come after later collectives.
+  auto ranges = p2p ? InFlight::Ranges{} : memory_ranges(keep);
   rt::Queue& compute = current_queue(device);
   auto state = std::make_shared<CollectiveState>();
   auto future = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
@@ -429,13 +736,17 @@ c10::intrusive_ptr<c10d::Work> run_collective(int rank, const Fingerprint* fp,
   // program order, and the transport runs several at once.
   auto done = rt::Event::create(/*timing=*/false);
   const uint64_t done_version = done->record_external();
+  // Sequence numbers are taken in the order the collectives reach the queue.
+  std::lock_guard<std::mutex> order(links.sequencer->order_mu);
+  const uint64_t seq = fp ? links.sequencer->add(*fp) : 0;
   translate([&] {
     auto ready = rt::Event::create(false);
     ready->record(compute);
     ready->block(coll);
     coll.launch(std::make_unique<rt::FunctionKernel>(
-        name, [gloo, completer, type, check, f, issue = std::move(issue), post = std::move(post), state, future,
-               outputs, keep = std::move(keep), name, done, done_version]() mutable {
+        name, [links, p2p, seq, check = fp != nullptr, ranges = std::move(ranges), issue = std::move(issue),
+               post = std::move(post), state, future, outputs, keep = std::move(keep), name, done,
+               done_version]() mutable {
           // Never throws: a failure is the collective's result (raised by
           // wait() and on the streams that wait for it), and the collective
           // queue stays usable for the collectives that follow.
@@ -448,12 +759,12 @@ c10::intrusive_ptr<c10d::Work> run_collective(int rank, const Fingerprint* fp,
             if (!future->completed()) future->setError(eptr);
             done->complete_external(done_version);
           };
-          const bool p2p =
-              type == c10d::OpType::SEND || type == c10d::OpType::RECV || type == c10d::OpType::RECVANYSOURCE;
           c10::intrusive_ptr<c10d::Work> w;
           try {
-            if (check) check_fingerprints(*gloo, f);
-            w = issue(*gloo);
+            if (check) links.sequencer->check(seq, *links.control);
+            if (!ranges.empty()) links.in_flight->admit(ranges, state);
+            w = issue(*links.gloo, Direct{links.control.get(), &links.sequencer->scratch, seq, links.rank, links.control->getSize(),
+                                          links.timeout});
           } catch (const std::exception& e) {
             return fail(e.what());
           }
@@ -472,7 +783,7 @@ c10::intrusive_ptr<c10d::Work> run_collective(int rank, const Fingerprint* fp,
           // The tensors move along: the caller's tensors (with their Python
           // objects) are released here before the caller can see completion,
           // never by this thread afterwards (possibly during interpreter exit).
-          completer->add(
+          links.completer->add(
               std::move(w), [state, future, outputs = std::move(outputs), post = std::move(post), done,
                              done_version, fail, keep = std::move(keep)](const std::string* error) mutable {
                 std::string what = error ? *error : "";
@@ -496,7 +807,8 @@ c10::intrusive_ptr<c10d::Work> run_collective(int rank, const Fingerprint* fp,
               });
         }));
   });
-  return c10::make_intrusive<NeuronWork>(rank, type, name, state, done, device, on_host, std::move(outputs), future);
+  return c10::make_intrusive<NeuronWork>(links.rank, type, name, state, done, device, on_host, std::move(outputs),
+                                         future);
 }
 
 void check_reduce_op(const char* name, const c10d::ReduceOp& op, const std::vector<at::Tensor>& ts) {
@@ -541,8 +853,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::broadcast(std::vector<at::Ten
   NEURON_C10D_PLACE("broadcast", tensors)
   auto h = host(tensors);
   const Fingerprint fp = fingerprint(c10d::OpType::BROADCAST, tensors, opts.rootRank);
-  return run_collective(rank_, &fp, gloo_, completer_, ordering_queue(d), c10d::OpType::BROADCAST, "c10d::broadcast", d, on_host, tensors, tensors,
-                        [h, opts](c10d::Backend& g) mutable { return g.broadcast(h, opts); }, nullptr);
+  return run_collective(links(), &fp, ordering_queue(d), c10d::OpType::BROADCAST, "c10d::broadcast", d, on_host, tensors, tensors,
+                        [h, opts](c10d::Backend& g, const Direct& direct) mutable { return g.broadcast(h, opts); }, nullptr);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::allreduce(std::vector<at::Tensor>& tensors,
@@ -565,9 +877,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::allreduce_impl(std::vector<at
   const int size = size_;
   const Fingerprint fp = fingerprint(type, tensors, -1, opts.reduceOp.op_);
   return run_collective(
-      rank_, &fp, gloo_, completer_, ordering_queue(d), type, coalesced ? "c10d::allreduce_coalesced" : "c10d::allreduce",
+      links(), &fp, ordering_queue(d), type, coalesced ? "c10d::allreduce_coalesced" : "c10d::allreduce",
       d, on_host, tensors, tensors,
-      [h, opts, coalesced](c10d::Backend& g) mutable {
+      [h, opts, coalesced](c10d::Backend& g, const Direct& direct) mutable {
         for (auto& t : h) premultiply(opts.reduceOp, t);
         if (coalesced) {
           c10d::AllreduceCoalescedOptions o;
@@ -577,6 +889,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::allreduce_impl(std::vector<at
         }
         c10d::AllreduceOptions o = opts;
         o.reduceOp = transport_op(opts.reduceOp);
+        if (h.size() == 1 && direct_allreduce_applies(h[0], o.reduceOp)) {
+          if (direct.size == 2) return exchange_allreduce(direct, h[0], o.reduceOp);
+          return direct_allreduce(direct, h[0], o.reduceOp);
+        }
         return g.allreduce(h, o);
       },
       [h, op = opts.reduceOp, size]() mutable {
@@ -593,8 +909,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::reduce(std::vector<at::Tensor
   const bool root = opts.rootRank == rank_;
   const Fingerprint fp = fingerprint(c10d::OpType::REDUCE, tensors, opts.rootRank, opts.reduceOp.op_);
   return run_collective(
-      rank_, &fp, gloo_, completer_, ordering_queue(d), c10d::OpType::REDUCE, "c10d::reduce", d, on_host, tensors, tensors,
-      [h, opts](c10d::Backend& g) mutable {
+      links(), &fp, ordering_queue(d), c10d::OpType::REDUCE, "c10d::reduce", d, on_host, tensors, tensors,
+      [h, opts](c10d::Backend& g, const Direct& direct) mutable {
         for (auto& t : h) premultiply(opts.reduceOp, t);
         c10d::ReduceOptions o = opts;
         o.reduceOp = transport_op(opts.reduceOp);
@@ -615,8 +931,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::allgather(std::vector<std::ve
   auto ho = host(outputs);
   auto hi = host(inputs);
   const Fingerprint fp = fingerprint(c10d::OpType::ALLGATHER, inputs);
-  return run_collective(rank_, &fp, gloo_, completer_, ordering_queue(d), c10d::OpType::ALLGATHER, "c10d::allgather", d, on_host, all, flatten(outputs),
-                        [ho, hi, opts](c10d::Backend& g) mutable { return g.allgather(ho, hi, opts); }, nullptr);
+  return run_collective(links(), &fp, ordering_queue(d), c10d::OpType::ALLGATHER, "c10d::allgather", d, on_host, all, flatten(outputs),
+                        [ho, hi, opts](c10d::Backend& g, const Direct& direct) mutable { return g.allgather(ho, hi, opts); }, nullptr);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::_allgather_base(at::Tensor& output, at::Tensor& input,
@@ -625,9 +941,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::_allgather_base(at::Tensor& o
   NEURON_C10D_PLACE("all_gather_into_tensor", all)
   at::Tensor ho = host({output})[0], hi = host({input})[0];
   const Fingerprint fp = fingerprint(c10d::OpType::_ALLGATHER_BASE, {input});
-  return run_collective(rank_, &fp, gloo_, completer_, ordering_queue(d), c10d::OpType::_ALLGATHER_BASE, "c10d::all_gather_into_tensor", d, on_host, all,
+  return run_collective(links(), &fp, ordering_queue(d), c10d::OpType::_ALLGATHER_BASE, "c10d::all_gather_into_tensor", d, on_host, all,
                         {output},
-                        [ho, hi, opts](c10d::Backend& g) mutable { return g._allgather_base(ho, hi, opts); }, nullptr);
+                        [ho, hi, opts](c10d::Backend& g, const Direct& direct) mutable {
+                          if (direct_allgather_applies(ho, hi)) return direct_allgather(direct, ho, hi);
+                          return g._allgather_base(ho, hi, opts);
+                        },
+                        nullptr);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::allgather_coalesced(
@@ -639,9 +959,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::allgather_coalesced(
   auto ho = host(outputs);
   auto hi = host(inputs);
   const Fingerprint fp = fingerprint(c10d::OpType::ALLGATHER_COALESCED, inputs);
-  return run_collective(rank_, &fp, gloo_, completer_, ordering_queue(d), c10d::OpType::ALLGATHER_COALESCED, "c10d::allgather_coalesced", d, on_host, all,
+  return run_collective(links(), &fp, ordering_queue(d), c10d::OpType::ALLGATHER_COALESCED, "c10d::allgather_coalesced", d, on_host, all,
                         flatten(outputs),
-                        [ho, hi, opts](c10d::Backend& g) mutable { return g.allgather_coalesced(ho, hi, opts); },
+                        [ho, hi, opts](c10d::Backend& g, const Direct& direct) mutable { return g.allgather_coalesced(ho, hi, opts); },
                         nullptr);
 }
 
@@ -654,8 +974,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::allgather_into_tensor_coalesc
   auto hi = host(inputs);
   const Fingerprint fp = fingerprint(c10d::OpType::COALESCED, inputs);
   return run_collective(
-      rank_, &fp, gloo_, completer_, ordering_queue(d), c10d::OpType::COALESCED, "c10d::allgather_into_tensor_coalesced", d, on_host, all, outputs,
-      [ho, hi, opts](c10d::Backend& g) mutable { return g.allgather_into_tensor_coalesced(ho, hi, opts); }, nullptr);
+      links(), &fp, ordering_queue(d), c10d::OpType::COALESCED, "c10d::allgather_into_tensor_coalesced", d, on_host, all, outputs,
+      [ho, hi, opts](c10d::Backend& g, const Direct& direct) mutable { return g.allgather_into_tensor_coalesced(ho, hi, opts); }, nullptr);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::gather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -667,8 +987,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::gather(std::vector<std::vecto
   auto ho = host(outputs);
   auto hi = host(inputs);
   const Fingerprint fp = fingerprint(c10d::OpType::GATHER, inputs, opts.rootRank);
-  return run_collective(rank_, &fp, gloo_, completer_, ordering_queue(d), c10d::OpType::GATHER, "c10d::gather", d, on_host, all, flatten(outputs),
-                        [ho, hi, opts](c10d::Backend& g) mutable { return g.gather(ho, hi, opts); }, nullptr);
+  return run_collective(links(), &fp, ordering_queue(d), c10d::OpType::GATHER, "c10d::gather", d, on_host, all, flatten(outputs),
+                        [ho, hi, opts](c10d::Backend& g, const Direct& direct) mutable { return g.gather(ho, hi, opts); }, nullptr);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::scatter(std::vector<at::Tensor>& outputs,
@@ -680,8 +1000,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::scatter(std::vector<at::Tenso
   auto ho = host(outputs);
   auto hi = host(inputs);
   const Fingerprint fp = fingerprint(c10d::OpType::SCATTER, outputs, opts.rootRank);
-  return run_collective(rank_, &fp, gloo_, completer_, ordering_queue(d), c10d::OpType::SCATTER, "c10d::scatter", d, on_host, all, outputs,
-                        [ho, hi, opts](c10d::Backend& g) mutable { return g.scatter(ho, hi, opts); }, nullptr);
+  return run_collective(links(), &fp, ordering_queue(d), c10d::OpType::SCATTER, "c10d::scatter", d, on_host, all, outputs,
+                        [ho, hi, opts](c10d::Backend& g, const Direct& direct) mutable { return g.scatter(ho, hi, opts); }, nullptr);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::reduce_scatter(std::vector<at::Tensor>& outputs,
@@ -696,8 +1016,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::reduce_scatter(std::vector<at
   const int size = size_;
   const Fingerprint fp = fingerprint(c10d::OpType::REDUCE_SCATTER, outputs, -1, opts.reduceOp.op_);
   return run_collective(
-      rank_, &fp, gloo_, completer_, ordering_queue(d), c10d::OpType::REDUCE_SCATTER, "c10d::reduce_scatter", d, on_host, all, outputs,
-      [ho, hi, opts](c10d::Backend& g) mutable {
+      links(), &fp, ordering_queue(d), c10d::OpType::REDUCE_SCATTER, "c10d::reduce_scatter", d, on_host, all, outputs,
+      [ho, hi, opts](c10d::Backend& g, const Direct& direct) mutable {
         std::vector<std::vector<at::Tensor>> in;
         for (auto& l : hi) in.push_back(premultiplied(opts.reduceOp, l));
         c10d::ReduceScatterOptions o = opts;
@@ -718,8 +1038,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::_reduce_scatter_base(at::Tens
   const int size = size_;
   const Fingerprint fp = fingerprint(c10d::OpType::_REDUCE_SCATTER_BASE, {output}, -1, opts.reduceOp.op_);
   return run_collective(
-      rank_, &fp, gloo_, completer_, ordering_queue(d), c10d::OpType::_REDUCE_SCATTER_BASE, "c10d::reduce_scatter_tensor", d, on_host, all, {output},
-      [ho, hi, opts](c10d::Backend& g) mutable {
+      links(), &fp, ordering_queue(d), c10d::OpType::_REDUCE_SCATTER_BASE, "c10d::reduce_scatter_tensor", d, on_host, all, {output},
+      [ho, hi, opts](c10d::Backend& g, const Direct& direct) mutable {
         at::Tensor in = premultiplied(opts.reduceOp, {hi})[0];
         c10d::ReduceScatterOptions o = opts;
         o.reduceOp = transport_op(opts.reduceOp);
@@ -739,8 +1059,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::reduce_scatter_tensor_coalesc
   const int size = size_;
   const Fingerprint fp = fingerprint(c10d::OpType::COALESCED, outputs, -1, opts.reduceOp.op_);
   return run_collective(
-      rank_, &fp, gloo_, completer_, ordering_queue(d), c10d::OpType::COALESCED, "c10d::reduce_scatter_tensor_coalesced", d, on_host, all, outputs,
-      [ho, hi, opts](c10d::Backend& g) mutable {
+      links(), &fp, ordering_queue(d), c10d::OpType::COALESCED, "c10d::reduce_scatter_tensor_coalesced", d, on_host, all, outputs,
+      [ho, hi, opts](c10d::Backend& g, const Direct& direct) mutable {
         auto in = premultiplied(opts.reduceOp, hi);
         c10d::ReduceScatterOptions o = opts;
         o.reduceOp = transport_op(opts.reduceOp);
@@ -759,9 +1079,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::alltoall_base(at::Tensor& out
   NEURON_C10D_PLACE("all_to_all_single", all)
   at::Tensor ho = host({output})[0], hi = host({input})[0];
   const Fingerprint fp = unsized(fingerprint(c10d::OpType::ALLTOALL_BASE, {input}));
-  return run_collective(rank_, &fp, gloo_, completer_, ordering_queue(d), c10d::OpType::ALLTOALL_BASE, "c10d::all_to_all_single", d, on_host, all,
+  return run_collective(links(), &fp, ordering_queue(d), c10d::OpType::ALLTOALL_BASE, "c10d::all_to_all_single", d, on_host, all,
                         {output},
-                        [ho, hi, output_splits, input_splits, opts](c10d::Backend& g) mutable {
+                        [ho, hi, output_splits, input_splits, opts](c10d::Backend& g, const Direct& direct) mutable {
                           return g.alltoall_base(ho, hi, output_splits, input_splits, opts);
                         },
                         nullptr);
@@ -776,37 +1096,37 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::alltoall(std::vector<at::Tens
   auto ho = host(outputs);
   auto hi = host(inputs);
   const Fingerprint fp = unsized(fingerprint(c10d::OpType::ALLTOALL, inputs));
-  return run_collective(rank_, &fp, gloo_, completer_, ordering_queue(d), c10d::OpType::ALLTOALL, "c10d::all_to_all", d, on_host, all, outputs,
-                        [ho, hi, opts](c10d::Backend& g) mutable { return g.alltoall(ho, hi, opts); }, nullptr);
+  return run_collective(links(), &fp, ordering_queue(d), c10d::OpType::ALLTOALL, "c10d::all_to_all", d, on_host, all, outputs,
+                        [ho, hi, opts](c10d::Backend& g, const Direct& direct) mutable { return g.alltoall(ho, hi, opts); }, nullptr);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::send(std::vector<at::Tensor>& tensors, int dst, int tag) {
   NEURON_C10D_PLACE("send", tensors)
   auto h = host(tensors);
-  return run_collective(rank_, nullptr, gloo_, completer_, ordering_queue(d), c10d::OpType::SEND, "c10d::send", d, on_host, tensors, tensors,
-                        [h, dst, tag](c10d::Backend& g) mutable { return g.send(h, dst, tag); }, nullptr);
+  return run_collective(links(), nullptr, ordering_queue(d), c10d::OpType::SEND, "c10d::send", d, on_host, tensors, tensors,
+                        [h, dst, tag](c10d::Backend& g, const Direct& direct) mutable { return g.send(h, dst, tag); }, nullptr);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::recv(std::vector<at::Tensor>& tensors, int src, int tag) {
   NEURON_C10D_PLACE("recv", tensors)
   auto h = host(tensors);
-  return run_collective(rank_, nullptr, gloo_, completer_, ordering_queue(d), c10d::OpType::RECV, "c10d::recv", d, on_host, tensors, tensors,
-                        [h, src, tag](c10d::Backend& g) mutable { return g.recv(h, src, tag); }, nullptr);
+  return run_collective(links(), nullptr, ordering_queue(d), c10d::OpType::RECV, "c10d::recv", d, on_host, tensors, tensors,
+                        [h, src, tag](c10d::Backend& g, const Direct& direct) mutable { return g.recv(h, src, tag); }, nullptr);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
   NEURON_C10D_PLACE("recv", tensors)
   auto h = host(tensors);
-  return run_collective(rank_, nullptr, gloo_, completer_, ordering_queue(d), c10d::OpType::RECVANYSOURCE, "c10d::recv", d, on_host, tensors, tensors,
-                        [h, tag](c10d::Backend& g) mutable { return g.recvAnysource(h, tag); }, nullptr);
+  return run_collective(links(), nullptr, ordering_queue(d), c10d::OpType::RECVANYSOURCE, "c10d::recv", d, on_host, tensors, tensors,
+                        [h, tag](c10d::Backend& g, const Direct& direct) mutable { return g.recvAnysource(h, tag); }, nullptr);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::barrier(const c10d::BarrierOptions& opts) {
   // Ordered after the current stream's queued work, then every rank meets.
   const c10::DeviceIndex d = current_device();
   const Fingerprint fp = fingerprint(c10d::OpType::BARRIER, {});
-  return run_collective(rank_, &fp, gloo_, completer_, ordering_queue(d), c10d::OpType::BARRIER, "c10d::barrier", d, /*on_host=*/true, {}, {},
-                        [opts](c10d::Backend& g) mutable {
+  return run_collective(links(), &fp, ordering_queue(d), c10d::OpType::BARRIER, "c10d::barrier", d, /*on_host=*/true, {}, {},
+                        [opts](c10d::Backend& g, const Direct& direct) mutable {
                           c10d::BarrierOptions o = opts;
                           o.device_ids.clear();  // the transport's barrier is device-free
                           return g.barrier(o);

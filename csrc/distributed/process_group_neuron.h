@@ -28,6 +28,10 @@ class Queue;
 
 namespace neuronx::distributed {
 
+class Sequencer;
+class InFlight;
+struct CollectiveState;
+
 // Waits for issued transport operations, in issue order, on its own thread,
 // and runs their completion (so the collective queue only issues, and the
 // transport can run several collectives at once).
@@ -49,11 +53,25 @@ class Completer {
   std::thread thread_;
 };
 
+// What every collective of a group uses: rank, transports, completion thread,
+// the fingerprint sequence and the memory in flight.
+struct Links {
+  int rank;
+  c10::intrusive_ptr<c10d::Backend> gloo, control;
+  std::shared_ptr<Completer> completer;
+  std::shared_ptr<Sequencer> sequencer;
+  std::shared_ptr<InFlight> in_flight;
+  std::chrono::milliseconds timeout;
+};
+
 class ProcessGroupNeuron final : public c10d::Backend {
  public:
-  // `transport`: a Gloo backend over the same store, rank and size.
-  ProcessGroupNeuron(c10::intrusive_ptr<c10d::Backend> transport, int rank, int size,
-                     std::chrono::milliseconds timeout);
+  // `transport`: a Gloo backend over the same store, rank and size, that
+  // moves the data. `control`: a second one, on its own connections, for the
+  // fingerprint exchange that precedes each collective; on the data
+  // connections it would queue behind the previous collective's bytes.
+  ProcessGroupNeuron(c10::intrusive_ptr<c10d::Backend> transport, c10::intrusive_ptr<c10d::Backend> control,
+                     int rank, int size, std::chrono::milliseconds timeout);
 
   const std::string getBackendName() const override { return "neuron"; }
   bool supportsCoalescing() const override { return false; }
@@ -129,8 +147,10 @@ class ProcessGroupNeuron final : public c10d::Backend {
   // queue of the first device it used), whatever the tensors' device or the
   // calling thread: the transport must see them in program order.
   rt::Queue& ordering_queue(c10::DeviceIndex d);
+  Links links() const { return {rank_, gloo_, control_, completer_, sequencer_, in_flight_, timeout_}; }
 
   c10::intrusive_ptr<c10d::Backend> gloo_;
+  c10::intrusive_ptr<c10d::Backend> control_;
   std::chrono::milliseconds timeout_;
   std::mutex split_mu_;
   c10::intrusive_ptr<c10d::Store> last_split_store_;  // keeps the key's identity alive
@@ -138,6 +158,8 @@ class ProcessGroupNeuron final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Backend> last_split_;
   std::atomic<int> queue_device_{-1};
   std::shared_ptr<Completer> completer_ = std::make_shared<Completer>();
+  std::shared_ptr<Sequencer> sequencer_;
+  std::shared_ptr<InFlight> in_flight_;
 };
 
 }  // namespace neuronx::distributed

@@ -210,6 +210,76 @@ def collectives(out):
     return {"checked": checked}
 
 
+def _reduced(xs, op):
+    """The reduction of every rank's tensor, computed locally (the known value)."""
+    RO = dist.ReduceOp
+    fn = {RO.SUM: torch.add, RO.PRODUCT: torch.mul, RO.MIN: torch.minimum, RO.MAX: torch.maximum,
+          RO.BAND: torch.bitwise_and, RO.BOR: torch.bitwise_or, RO.BXOR: torch.bitwise_xor}[op]
+    acc = xs[0]
+    for y in xs[1:]:
+        acc = fn(acc, y)
+    return acc
+
+
+@job
+def direct_algorithms(out):
+    """The backend's own allreduce and all_gather_into_tensor (point-to-point over the transport)
+    at any world size, sizes that do not divide by it, several segments, against values computed
+    locally from every rank's input; and collectives queued back to back on one buffer, which
+    must see each other's results."""
+    r, n = rank(), world()
+    RO = dist.ReduceOp
+    checked = 0
+    for dtype in (torch.float32, torch.bfloat16, torch.int64, torch.bool):
+        for size in (0, 1, 2, 1023, (1 << 18) - 1, (5 << 20) + 3):  # 1 MB - 4 B: direct; 20 MB: ring
+            if size > (1 << 18) and dtype is not torch.float32:
+                continue
+            inputs = [_value((size,), dtype, seed=q * 31 + size) for q in range(n)]
+            if dtype is torch.bool:
+                ops = [RO.MIN, RO.MAX, RO.BAND, RO.BOR, RO.BXOR]
+            elif dtype.is_floating_point:
+                ops = [RO.SUM, RO.PRODUCT, RO.MIN, RO.MAX]
+            else:
+                ops = [RO.SUM, RO.PRODUCT, RO.MIN, RO.MAX, RO.BAND, RO.BOR, RO.BXOR]
+            # bf16: each partial sum rounds (bf16 spacing is 1/16 at magnitude 8), in an order
+            # that differs from the reference's
+            tol = dict(rtol=2e-2, atol=0.125) if dtype is torch.bfloat16 else dict(rtol=1e-5, atol=1e-5)
+            for op in ops:
+                d = inputs[r].to(dev())
+                dist.all_reduce(d, op=op)
+                close(d, _reduced(inputs, op), f"all_reduce {op} {dtype} n={size}", **tol)
+                # every rank holds the same bits
+                everyone = torch.empty(n * size, dtype=dtype, device=dev())
+                dist.all_gather_into_tensor(everyone, d)
+                for other in everyone.cpu().chunk(n) if size else []:
+                    assert torch.equal(other, d.cpu()), f"all_reduce {op} {dtype} n={size}: ranks differ"
+                checked += 1
+            big = torch.empty(n * size, dtype=dtype, device=dev())
+            dist.all_gather_into_tensor(big, inputs[r].to(dev()))
+            assert torch.equal(big.cpu(), torch.cat(inputs)), f"all_gather_into_tensor {dtype} n={size}"
+            checked += 1
+    # in place: the gathered tensor's own slot is the input
+    buf = torch.zeros(n * 5, device=dev())
+    buf[r * 5:(r + 1) * 5] = r + 1
+    dist.all_gather_into_tensor(buf, buf[r * 5:(r + 1) * 5])
+    close(buf, torch.arange(1.0, n + 1).repeat_interleave(5), "all_gather_into_tensor in place")
+    # back to back on one buffer, without waiting in between: n ** 4
+    for numel in (1 << 10, 1 << 20):
+        t = torch.ones(numel, device=dev())
+        works = [dist.all_reduce(t, async_op=True) for _ in range(4)]
+        for w in works:
+            w.wait()
+        close(t, torch.full((numel,), float(n ** 4)), f"4 queued all_reduces of one buffer ({numel})")
+        g = torch.ones(numel, device=dev())
+        outs = torch.empty(n * numel, device=dev())
+        w1 = dist.all_reduce(g, async_op=True)
+        w2 = dist.all_gather_into_tensor(outs, g, async_op=True)
+        w1.wait(), w2.wait()
+        close(outs, torch.full((n * numel,), float(n)), "all_gather after a queued all_reduce of its input")
+        checked += 2
+    return {"checked": checked}
+
+
 # ----------------------------------------------------------------------- training jobs
 
 STEPS = 10
