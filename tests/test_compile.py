@@ -243,7 +243,9 @@ def test_debug_dir_dumps_graph_ir_and_sources(tmp_path, monkeypatch):
 
 
 def _job(cache, extra_env=None):
-    env = {**os.environ, "TORCH_NEURONX_CACHE_DIR": str(cache), **(extra_env or {})}
+    # (bench/run.py, imported above for its models, disables compile caches for its own timings.)
+    env = {**os.environ, "TORCH_NEURONX_CACHE_DIR": str(cache), "TORCHINDUCTOR_FORCE_DISABLE_CACHES": "0",
+           **(extra_env or {})}
     return subprocess.Popen([sys.executable, str(JOB)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env)
 
@@ -259,8 +261,21 @@ def test_disk_cache_warm_start_in_a_new_process(tmp_path):
     cold, _ = _result(_job(cache))
     assert cold["kernels_built"] >= 1 and cold["cache_hits"] == 0
     assert stat.S_IMODE(cache.stat().st_mode) == 0o700  # user-only
+    assert cold["graph_cache_hits"] == 0
+    assert stat.S_IMODE((cache / "graphs").stat().st_mode) == 0o700
     warm, _ = _result(_job(cache))
-    assert warm["kernels_built"] == 0 and warm["cache_hits"] == warm["compiles"] >= 1
+    assert warm["kernels_built"] == 0 and warm["cache_hits"] >= 1
+    # The chain (inference) and the MLP step (forward, backward) come from AOTAutograd's cache:
+    # no tracing, partitioning or export in the new process.
+    assert warm["graph_cache_hits"] == warm["compiles"] == 3, (cold, warm)
+
+
+def test_graph_cache_is_bypassed_while_dumping_debug_files(tmp_path):
+    cache = tmp_path / "cache"
+    _result(_job(cache))
+    debug = tmp_path / "debug"
+    res, _ = _result(_job(cache, {"TORCH_NEURONX_DEBUG_DIR": str(debug)}))
+    assert res["graph_cache_hits"] == 0 and any(p.name.startswith("fx_") for p in debug.iterdir())
 
 
 def test_corrupted_cache_entry_is_reported_once_and_rebuilt(tmp_path):

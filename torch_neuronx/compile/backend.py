@@ -1,13 +1,16 @@
 """The Dynamo backend ``neuron``: AOTAutograd around the C++ compiler."""
+import contextlib
 import functools
+import hashlib
 import os
+import pathlib
 import time
 import warnings
 
 import torch
 
-from .. import _C
 from . import export, metrics
+from .output_code import EagerOutputCode, NeuronOutputCode
 
 aten = torch.ops.aten
 
@@ -46,7 +49,7 @@ def _warn_once(key, msg, _seen=set()):  # noqa: B006 (a process-wide set of warn
 
 
 def compile_graph(gm, example_inputs, kind):
-    """One FX graph (forward, backward or inference) → a boxed callable running the executable."""
+    """One FX graph (forward, backward or inference) → an ``OutputCode`` running the executable."""
     t0 = time.perf_counter()
     dbg = _debug_dir()
     try:
@@ -55,24 +58,54 @@ def compile_graph(gm, example_inputs, kind):
         reason = f"{kind} graph runs eagerly: {e}"
         metrics.record_eager(reason)
         _warn_once(str(e), f"torch_neuronx compile: {reason}")
-        return torch._functorch.aot_autograd.make_boxed_func(gm.forward)
+        return EagerOutputCode(gm, reason)
     if dbg:
         os.makedirs(dbg, mode=0o700, exist_ok=True)
         with open(os.path.join(dbg, f"fx_{kind}_{id(gm):x}.py"), "w") as f:
             f.write(gm.print_readable(print_output=False))
-    exe, stats = _C._compiler.compile(desc, dbg)
-    metrics.record(stats)
-    metrics.record_frontend_seconds(time.perf_counter() - t0 - stats["seconds"])
-    consts = [c.to("neuron") if c.device.type == "cpu" and c.dim() > 0 else c for c in consts]
+    before = metrics.compile_metrics()["compile_seconds"]
+    code = NeuronOutputCode(desc, consts, dbg)
+    compiler_seconds = metrics.compile_metrics()["compile_seconds"] - before
+    metrics.record_frontend_seconds(time.perf_counter() - t0 - compiler_seconds)
+    return code
 
-    def run(args):
-        out = exe(list(args) + consts if consts else list(args))
-        args.clear()  # boxed convention: the inputs can be freed as soon as possible
-        return out
 
-    run._boxed_call = True
-    run.executable = exe
-    return run
+@functools.lru_cache(None)
+def _cache_key_tag():
+    """Part of AOTAutograd's cache key: what decides the cached entries besides the graph (the
+    export format, this frontend, the decompositions). The C++ compiler is not part of it: a
+    loaded entry is compiled again (its kernels from the kernel cache)."""
+    h = hashlib.sha256()
+    here = pathlib.Path(__file__).resolve().parent
+    for name in ("backend.py", "export.py", "output_code.py"):
+        h.update((here / name).read_bytes())
+    h.update(repr(sorted(str(k) for k in decompositions())).encode())
+    return f"neuron:{h.hexdigest()[:20]}"
+
+
+def cache_dir():
+    """The on-disk cache: ``TORCH_NEURONX_CACHE_DIR``, default ``~/.cache/torch_neuronx`` (as the
+    C++ kernel cache resolves it)."""
+    d = os.environ.get("TORCH_NEURONX_CACHE_DIR")
+    return d if d else os.path.join(os.environ.get("HOME") or "/tmp", ".cache", "torch_neuronx")
+
+
+@contextlib.contextmanager
+def _graph_cache():
+    """AOTAutograd keeps its cache under Inductor's cache directory; for the neuron backend's
+    graphs that is ``<cache dir>/graphs`` (user-only), beside the kernels."""
+    graphs = os.path.join(cache_dir(), "graphs")
+    os.makedirs(cache_dir(), mode=0o700, exist_ok=True)  # makedirs gives the mode to the leaf only
+    os.makedirs(graphs, mode=0o700, exist_ok=True)
+    before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = graphs
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+        else:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = before
 
 
 def _note_recompile():
@@ -99,16 +132,30 @@ def neuron_backend(gm, example_inputs, **kwargs):
     if mode not in (None, "default"):
         _warn_once(("mode", mode), f"torch_neuronx compile: mode={mode!r} tunes Inductor; the neuron backend "
                    "compiles the same way for every mode")
+    from torch._functorch._aot_autograd.schemas import SerializableAOTDispatchCompiler
+
     _note_recompile()
+
+    def compiler(kind):  # returns OutputCode: AOTAutograd caches the compiled graphs across processes
+        return SerializableAOTDispatchCompiler(NeuronOutputCode, functools.partial(compile_graph, kind=kind))
+
     backend = aot_autograd(
-        fw_compiler=functools.partial(compile_graph, kind="forward"),
-        bw_compiler=functools.partial(compile_graph, kind="backward"),
-        inference_compiler=functools.partial(compile_graph, kind="inference"),
+        fw_compiler=compiler("forward"),
+        bw_compiler=compiler("backward"),
+        inference_compiler=compiler("inference"),
         decompositions=decompositions(),
         partition_fn=min_cut_rematerialization_partition,
         keep_inference_input_mutations=True,
     )
-    return backend(gm, example_inputs)
+    # "Bundled": the cache entry holds our OutputCode itself (not Inductor's FX graph cache key).
+    # The backward is compiled with the forward, so the entry is complete when it is saved.
+    # With TORCH_NEURONX_DEBUG_DIR set every graph is traced and dumped again (no cache).
+    tag = torch.compiler.config.cache_key_tag
+    with torch._functorch.config.patch(bundled_autograd_cache=True, force_non_lazy_backward_lowering=True,
+                                       enable_autograd_cache=not _debug_dir()), \
+            torch.compiler.config.patch(cache_key_tag=f"{tag}|{_cache_key_tag()}" if tag else _cache_key_tag()), \
+            _graph_cache():
+        return backend(gm, example_inputs)
 
 
 def _host_only_functions():

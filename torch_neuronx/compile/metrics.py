@@ -6,7 +6,7 @@ _lock = threading.Lock()
 
 
 def _fresh():
-    return {"compiles": 0, "cache_hits": 0, "kernels_built": 0, "kernel_cache_hits": 0, "kernel_cache_corrupt": 0,
+    return {"compiles": 0, "cache_hits": 0, "graph_cache_hits": 0, "kernels_built": 0, "kernel_cache_hits": 0, "kernel_cache_corrupt": 0,
             "recompiles": 0, "recompile_reasons": [], "compile_seconds": 0.0, "fused_groups": 0, "fused_nodes": 0,
             "library_calls": collections.Counter(), "eager_graphs": 0, "eager_reasons": []}
 
@@ -28,6 +28,11 @@ def record(stats):
         _m["library_calls"].update(stats["library_ops"])
 
 
+def record_graph_cache_hit():
+    with _lock:
+        _m["graph_cache_hits"] += 1
+
+
 def record_frontend_seconds(seconds):
     with _lock:
         _m["compile_seconds"] += seconds
@@ -47,7 +52,8 @@ def record_eager(reason):
 
 def compile_metrics():
     """A snapshot of the counters: compiles, executable cache hits (every kernel loaded from the
-    disk cache), kernels built, recompiles with Dynamo's reasons, compile seconds (AOT + compiler),
+    disk cache), graph cache hits (a graph loaded from AOTAutograd's cache in a new process,
+    without tracing or exporting it again), kernels built, recompiles with Dynamo's reasons, compile seconds (AOT + compiler),
     fused groups/nodes, library calls by op (ops without a lowering, run as ATen kernels inside the
     executable), and graphs that ran eagerly with the reason."""
     with _lock:
