@@ -173,6 +173,24 @@ class Sequencer {
  public:
   std::mutex order_mu;  // held from add() until the collective is on the queue
   at::Tensor scratch;   // used by the collective queue only
+
+  // Receive buffers of collectives that finish on the completer's thread,
+  // reused: a fresh buffer would be paged in by every receive.
+  at::Tensor take_buffer(int64_t bytes) {
+    std::lock_guard<std::mutex> g(pool_mu_);
+    for (size_t i = 0; i < pool_.size(); ++i) {
+      if (pool_[i].numel() >= bytes) {
+        at::Tensor t = std::move(pool_[i]);
+        pool_.erase(pool_.begin() + static_cast<std::ptrdiff_t>(i));
+        return t;
+      }
+    }
+    return at::empty({bytes}, at::kByte);
+  }
+  void give_buffer(at::Tensor t) {
+    std::lock_guard<std::mutex> g(pool_mu_);
+    if (pool_.size() < 4) pool_.push_back(std::move(t));
+  }
   uint64_t add(const Fingerprint& f);
   void check(uint64_t seq, c10d::Backend& control);
 
@@ -183,7 +201,8 @@ class Sequencer {
     bool checked;
     std::string error;
   };
-  std::mutex mu_;
+  std::mutex mu_, pool_mu_;
+  std::vector<at::Tensor> pool_;
   std::deque<Entry> pending_;  // from sequence number base_ on
   uint64_t base_ = 0, next_ = 0;
 };
@@ -429,6 +448,7 @@ class NeuronWork final : public c10d::Work {
 struct Direct {
   c10d::Backend* control;
   at::Tensor* scratch;  // receive buffer of the reduce-scatters (they run one at a time)
+  Sequencer* buffers;   // receive buffers of the exchanges (several in flight)
   uint64_t seq;
   int rank, size;
   std::chrono::milliseconds timeout;
@@ -498,8 +518,7 @@ c10::intrusive_ptr<c10d::Work> direct_allgather(const Direct& d, const at::Tenso
 // the transport's pipelined ring allreduce is as fast (measured), and is used.
 constexpr int64_t kDirectAllreduceBytes = 1 << 20;
 
-bool direct_allreduce_applies(const at::Tensor& t, const c10d::ReduceOp& op) {
-  if (!t.is_contiguous() || t.numel() * t.element_size() > kDirectAllreduceBytes) return false;
+bool reducible(const at::Tensor& t, const c10d::ReduceOp& op) {
   switch (op.op_) {
     case c10d::ReduceOp::SUM: case c10d::ReduceOp::PRODUCT:
       return true;
@@ -510,6 +529,16 @@ bool direct_allreduce_applies(const at::Tensor& t, const c10d::ReduceOp& op) {
     default:
       return false;
   }
+}
+
+bool direct_allreduce_applies(const at::Tensor& t, const c10d::ReduceOp& op) {
+  return t.is_contiguous() && t.numel() * t.element_size() <= kDirectAllreduceBytes && reducible(t, op);
+}
+
+// Measured: up to 1 MB the exchange beats the ring; above, the ring's halved
+// reduction (each rank reduces half the tensor) wins.
+bool exchange_applies(const at::Tensor& t, const c10d::ReduceOp& op) {
+  return t.is_contiguous() && t.numel() * t.element_size() <= kDirectAllreduceBytes && reducible(t, op);
 }
 
 void reduce_into(at::Tensor& acc, const at::Tensor& other, const c10d::ReduceOp& op) {
@@ -525,31 +554,89 @@ void reduce_into(at::Tensor& acc, const at::Tensor& other, const c10d::ReduceOp&
   }
 }
 
-// Between two ranks: one step instead of two. Each rank sends its tensor to
-// the other (the same bytes as the two halves of a ring) and both reduce the
-// two copies in rank order, so both end with the same bits. Runs on the
-// calling thread and returns finished work.
-c10::intrusive_ptr<c10d::Work> exchange_allreduce(const Direct& d, at::Tensor& t, const c10d::ReduceOp& op) {
-  const at::Tensor flat = t.view(-1);
-  const int64_t bytes = flat.numel() * flat.element_size();
-  std::vector<c10::intrusive_ptr<c10d::Work>> none;
-  if (bytes == 0) return c10::make_intrusive<JoinedWork>(std::move(none));
-  if (!d.scratch->defined() || d.scratch->numel() < bytes) *d.scratch = at::empty({bytes}, at::kByte);
-  const int peer = 1 - d.rank;
-  at::Tensor theirs = d.scratch->narrow(0, 0, bytes).view(flat.scalar_type());
-  auto r = recv(d, theirs, peer, d.tag(0));
-  auto w = send(d, flat, peer, d.tag(0));
-  r->wait(d.timeout);
-  w->wait(d.timeout);
-  at::Tensor acc = flat;
-  if (d.rank == 0) {
-    reduce_into(acc, theirs, op);  // x0 op x1, into x0
-  } else {
-    reduce_into(theirs, flat, op);  // x0 op x1, into the received x0
-    acc.copy_(theirs);
+// Between two ranks, up to kDirectAllreduceBytes: one step instead of a
+// ring's two. Each rank sends its tensor to the other (the same bytes as the
+// two halves of a ring) and both reduce the two copies, so both end with the
+// same bits: ops that are
+// exactly commutative (IEEE sum and product, bitwise) reduce the peer's copy
+// into their own; min and max compute f(x0, x1) on both ranks. Everything is
+// posted at once in segments; wait() (on the completer's thread) reduces each
+// segment as it arrives while the next ones move, through a few reused
+// receive buffers.
+class ExchangeAllreduce final : public c10d::Work {
+ public:
+  static constexpr int64_t kSegmentBytes = 4 << 20, kSlots = 4;
+
+  ExchangeAllreduce(const Direct& d, at::Tensor flat, c10d::ReduceOp op)
+      : control_(c10::intrusive_ptr<c10d::Backend>::reclaim_copy(d.control)),
+        buffers_(d.buffers),
+        flat_(std::move(flat)),
+        op_(std::move(op)),
+        rank_(d.rank),
+        tag_(d.tag(0)),
+        timeout_(d.timeout) {
+    const int64_t item = flat_.element_size();
+    seg_numel_ = std::max<int64_t>(1, kSegmentBytes / item);
+    segments_ = (flat_.numel() + seg_numel_ - 1) / seg_numel_;
+    slots_ = std::min<int64_t>(kSlots, segments_);
+    if (segments_ == 0) return;
+    buffer_ = buffers_->take_buffer(slots_ * std::min(seg_numel_, flat_.numel()) * item);
+    for (int64_t s = 0; s < segments_; ++s) sends_.push_back(transfer(true, s));
+    for (int64_t s = 0; s < slots_; ++s) recvs_.push_back(transfer(false, s));
   }
-  return c10::make_intrusive<JoinedWork>(std::move(none));
-}
+  ~ExchangeAllreduce() override {
+    if (buffer_.defined()) buffers_->give_buffer(std::move(buffer_));
+  }
+
+  bool isCompleted() override { return done_; }
+  bool wait(std::chrono::milliseconds timeout) override {
+    if (done_) return true;
+    const bool commutative = op_ == c10d::ReduceOp::SUM || op_ == c10d::ReduceOp::BAND ||
+                             op_ == c10d::ReduceOp::BOR || op_ == c10d::ReduceOp::BXOR ||
+                             (op_ == c10d::ReduceOp::PRODUCT && !flat_.is_complex());
+    for (int64_t s = 0; s < segments_; ++s) {
+      recvs_[s]->wait(timeout_);
+      sends_[s]->wait(timeout_);  // our copy was sent: it may now be overwritten
+      at::Tensor mine = segment(s), theirs = slot(s);
+      if (commutative) {
+        reduce_into(mine, theirs, op_);
+      } else if (rank_ == 0) {
+        reduce_into(mine, theirs, op_);  // f(x0, x1)
+      } else {
+        reduce_into(theirs, mine, op_);  // f(x0, x1), then ours
+        mine.copy_(theirs);
+      }
+      if (s + slots_ < segments_) recvs_.push_back(transfer(false, s + slots_));
+    }
+    done_ = true;
+    return true;
+  }
+
+ private:
+  at::Tensor segment(int64_t s) const {
+    const int64_t begin = s * seg_numel_;
+    return flat_.narrow(0, begin, std::min(seg_numel_, flat_.numel() - begin));
+  }
+  at::Tensor slot(int64_t s) const {
+    const int64_t n = segment(s).numel(), item = flat_.element_size();
+    return buffer_.narrow(0, (s % slots_) * seg_numel_ * item, n * item).view(flat_.scalar_type());
+  }
+  c10::intrusive_ptr<c10d::Work> transfer(bool out, int64_t s) {
+    std::vector<at::Tensor> v{out ? segment(s) : slot(s)};
+    // One tag for the whole exchange: transfers between a pair on a tag are matched in order.
+    return out ? control_->send(v, 1 - rank_, tag_) : control_->recv(v, 1 - rank_, tag_);
+  }
+
+  c10::intrusive_ptr<c10d::Backend> control_;
+  Sequencer* buffers_;
+  at::Tensor flat_, buffer_;
+  c10d::ReduceOp op_;
+  int rank_, tag_;
+  std::chrono::milliseconds timeout_;
+  int64_t seg_numel_ = 1, segments_ = 0, slots_ = 0;
+  std::vector<c10::intrusive_ptr<c10d::Work>> sends_, recvs_;
+  std::atomic<bool> done_{false};
+};
 
 // Runs the reduce-scatter on the calling thread (it waits for the receives
 // it reduces) and returns the allgather, still moving.
@@ -763,7 +850,7 @@ c10::intrusive_ptr<c10d::Work> run_collective(const Links& links, const Fingerpr
           try {
             if (check) links.sequencer->check(seq, *links.control);
             if (!ranges.empty()) links.in_flight->admit(ranges, state);
-            w = issue(*links.gloo, Direct{links.control.get(), &links.sequencer->scratch, seq, links.rank, links.control->getSize(),
+            w = issue(*links.gloo, Direct{links.control.get(), &links.sequencer->scratch, links.sequencer.get(), seq, links.rank, links.control->getSize(),
                                           links.timeout});
           } catch (const std::exception& e) {
             return fail(e.what());
@@ -889,10 +976,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::allreduce_impl(std::vector<at
         }
         c10d::AllreduceOptions o = opts;
         o.reduceOp = transport_op(opts.reduceOp);
-        if (h.size() == 1 && direct_allreduce_applies(h[0], o.reduceOp)) {
-          if (direct.size == 2) return exchange_allreduce(direct, h[0], o.reduceOp);
+        if (h.size() == 1 && direct.size == 2 && exchange_applies(h[0], o.reduceOp))
+          return c10::intrusive_ptr<c10d::Work>(c10::make_intrusive<ExchangeAllreduce>(direct, h[0].view(-1), o.reduceOp));
+        if (h.size() == 1 && direct_allreduce_applies(h[0], o.reduceOp))
           return direct_allreduce(direct, h[0], o.reduceOp);
-        }
         return g.allreduce(h, o);
       },
       [h, op = opts.reduceOp, size]() mutable {
