@@ -86,6 +86,33 @@ def test_non_dense_operands_of_a_fused_group_fall_back_to_library_calls():
     torch.testing.assert_close(out.cpu(), (a * 2 + b.t()).exp())
 
 
+def test_intermediates_share_one_planned_arena():
+    # Eight matmuls in a row: each result lives until the next one is computed, so two buffers'
+    # worth of arena serve all of them; the library calls write there (and the result straight
+    # into the returned tensor) through their out= overloads.
+    def stack(x, ws):
+        for w in ws:
+            x = torch.tanh(x @ w)
+        return x
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 64, generator=g)
+    ws = [torch.randn(64, 64, generator=g) / 8 for _ in range(8)]
+    out = torch.compile(stack, backend="neuron", fullgraph=True)(x.to("neuron"), [w.to("neuron") for w in ws])
+    torch.testing.assert_close(out.cpu(), stack(x, ws), rtol=1e-5, atol=1e-5)
+    m = compile_metrics()
+    assert m["out_calls"] >= 8 and m["planned_values"] >= 14, m
+    assert 0 < m["arena_bytes"] <= 2 * 64 * 64 * 4 < m["planned_bytes"], m
+
+
+def test_out_overload_that_resizes_its_output_falls_back_to_allocating():
+    # mse_loss's out= kernel uses `out` as elementwise scratch before reducing into it.
+    f = torch.compile(lambda a, b: F.mse_loss(a, b) * 2, backend="neuron")
+    a, b = torch.randn(5, 7), torch.randn(5, 7)
+    for _ in range(2):  # the second launch goes straight to the allocating call
+        torch.testing.assert_close(f(a.to("neuron"), b.to("neuron")).cpu(), F.mse_loss(a, b) * 2)
+
+
 def _train(model, data, target, loss_fn, steps, compiled):
     model = copy.deepcopy(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)

@@ -4,6 +4,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
+#include <ATen/ops/from_blob.h>
 #include <ATen/ops/scalar_tensor.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
@@ -11,6 +12,7 @@
 #include <cmath>
 #include <fstream>
 #include <functional>
+#include <numeric>
 #include <set>
 #include <sstream>
 #include <sys/stat.h>
@@ -79,6 +81,59 @@ c10::IValue wrapped_number(const c10::IValue& v) {
   return c10::IValue(t);
 }
 
+// The out= overload of a functional op that returns one fresh tensor: the same
+// arguments plus `out`, with a CPU (or composite) kernel.
+std::optional<c10::OperatorHandle> out_overload(const c10::OperatorHandle& op) {
+  const auto& s = op.schema();
+  if (s.returns().size() != 1 || s.returns()[0].alias_info() || s.is_mutable() ||
+      s.returns()[0].type()->kind() != c10::TypeKind::TensorType || s.name() == "aten::_unsafe_view")
+    return std::nullopt;
+  const std::string ov = s.overload_name();
+  for (const std::string& name : {ov.empty() ? std::string("out") : ov + "_out", std::string("out")}) {
+    auto h = c10::Dispatcher::singleton().findSchema({s.name(), name});
+    if (!h) continue;
+    const auto& a = s.arguments();
+    const auto& b = h->schema().arguments();
+    if (b.size() != a.size() + 1 || h->schema().returns().size() != 1) continue;
+    bool same = true;
+    for (size_t i = 0; i < a.size() && same; ++i) same = a[i].name() == b[i].name() && a[i].type()->str() == b[i].type()->str();
+    const auto& out = b.back();
+    if (!same || !out.alias_info() || !out.alias_info()->isWrite() || out.type()->kind() != c10::TypeKind::TensorType)
+      continue;
+    const c10::DispatchKeySet kernels({c10::DispatchKey::CPU, c10::DispatchKey::CompositeExplicitAutograd,
+                                       c10::DispatchKey::CompositeImplicitAutograd});
+    if (h->hasKernelForAnyDispatchKey(kernels)) return h;
+  }
+  return std::nullopt;
+}
+
+// Ops whose results share their first tensor operand's memory.
+bool is_view(const Node& n) {
+  if (n.kind != Node::Kind::kAten) return false;
+  const auto& s = n.op->schema();
+  if (s.name() == "aten::_unsafe_view") return true;  // no alias annotation, but a view
+  for (const auto& r : s.returns())
+    if (r.alias_info()) return true;
+  return false;
+}
+
+bool static_contiguous(const TensorMeta& m) {
+  if (!m.is_static()) return false;
+  int64_t expected = 1;
+  for (size_t i = m.sizes.size(); i-- > 0;) {
+    const auto size = static_cast<int64_t>(std::llround(m.sizes[i].eval({}, {})));
+    if (size != 1 && static_cast<int64_t>(std::llround(m.strides[i].eval({}, {}))) != expected) return false;
+    expected *= size;
+  }
+  return true;
+}
+
+std::vector<int64_t> static_ints(const std::vector<SymExpr>& es) {
+  std::vector<int64_t> out;
+  for (const auto& e : es) out.push_back(static_cast<int64_t>(std::llround(e.eval({}, {}))));
+  return out;
+}
+
 }  // namespace
 
 Executable::Executable(Graph g, std::vector<FusionGroup> groups, std::vector<KernelFn> kernels,
@@ -118,6 +173,83 @@ Executable::Executable(Graph g, std::vector<FusionGroup> groups, std::vector<Ker
   for (const auto& in : graph_.inputs) keep.insert(in.value);
   for (size_t v = 0; v < last.size(); ++v)
     if (last[v] >= 0 && !keep.count(static_cast<int>(v)) && !host_value_[v]) steps_[last[v]].release.push_back(static_cast<int>(v));
+  plan();
+}
+
+// Which intermediates live in the launch's arena, and which library calls write through out=.
+void Executable::plan() {
+  const size_t nv = graph_.values.size();
+  out_op_.assign(graph_.nodes.size(), std::nullopt);
+  out_failed_ = std::make_unique<std::atomic<bool>[]>(graph_.nodes.size());
+  for (size_t i = 0; i < graph_.nodes.size(); ++i) {
+    const Node& n = graph_.nodes[i];
+    if (n.kind == Node::Kind::kAten && n.fused_group < 0 && n.neuron_kernel == Node::NeuronKernel::kNever &&
+        n.outputs.size() == 1 && graph_.values[n.outputs[0]].kind == Value::Kind::kTensor)
+      out_op_[i] = out_overload(*n.op);
+  }
+  // A view keeps the memory of what it views alive: lifetimes are those of the viewed base.
+  std::vector<int> root(nv);
+  std::iota(root.begin(), root.end(), 0);
+  for (const auto& n : graph_.nodes) {
+    if (!is_view(n)) continue;
+    int base = -1;
+    for (const auto& a : n.args)
+      for_each_value(a, [&](int v) {
+        if (base < 0 && graph_.values[v].kind == Value::Kind::kTensor) base = v;
+      });
+    if (base >= 0)
+      for (int o : n.outputs) root[o] = root[base];
+  }
+  std::vector<int> first(nv, -1), last(nv, -1);
+  std::vector<bool> candidate(nv, false);
+  for (size_t s = 0; s < steps_.size(); ++s) {
+    const int step = static_cast<int>(s);
+    auto read = [&](int v) { last[root[v]] = std::max(last[root[v]], step); };
+    if (steps_[s].group) {
+      const FusionGroup& grp = groups_[steps_[s].index];
+      for (int ni : grp.nodes) for (const auto& a : graph_.nodes[ni].args) for_each_value(a, read);
+      for (int o : grp.outputs) {
+        first[o] = step;
+        const auto& m = graph_.values[o].meta;
+        candidate[o] = m && static_contiguous(*m);
+      }
+    } else {
+      const Node& n = graph_.nodes[steps_[s].index];
+      for (const auto& a : n.args) for_each_value(a, read);
+      for (int o : n.outputs) first[o] = step;
+      if (out_op_[steps_[s].index]) {
+        const auto& m = graph_.values[n.outputs[0]].meta;
+        candidate[n.outputs[0]] = m && m->is_static();
+      }
+    }
+  }
+  // Memory the caller gets back is not the arena's (nor is any view of it).
+  for (int o : graph_.outputs)
+    if (o >= 0) candidate[root[o]] = false;
+  for (const auto& in : graph_.inputs) candidate[in.value] = false;
+  for (size_t v = 0; v < nv; ++v)
+    if (root[v] != static_cast<int>(v)) candidate[v] = false;
+  plan_ = plan_memory(graph_, candidate, first, last);
+}
+
+int Executable::out_calls() const {
+  int n = 0;
+  for (const auto& o : out_op_) n += o.has_value();
+  return n;
+}
+
+at::Tensor Executable::destination(int v, const std::vector<at::Tensor>& outputs, char* arena) const {
+  if (arena && plan_.offset[v] >= 0) {
+    const TensorMeta& m = *graph_.values[v].meta;
+    return at::from_blob(arena + plan_.offset[v], static_ints(m.sizes), static_ints(m.strides),
+                         at::TensorOptions().dtype(m.dtype));
+  }
+  const int oi = output_index_[v];
+  if (oi < 0 || oi >= static_cast<int>(outputs.size()) || !outputs[oi].defined()) return {};
+  const at::Tensor& t = outputs[oi];
+  for (int64_t i = 0; i < t.dim(); ++i)
+    if (t.stride(i) == 0 && t.size(i) > 1) return {};  // expanded: one location, many elements
+  return t;
 }
 
 namespace {
@@ -125,16 +257,22 @@ namespace {
 class ExecKernel final : public rt::Kernel {
  public:
   ExecKernel(std::shared_ptr<const Executable> exe, std::vector<c10::IValue> env, std::vector<at::Tensor> outputs,
-             c10::DeviceIndex d)
-      : exe_(std::move(exe)), env_(std::move(env)), outputs_(std::move(outputs)), device_(d) {}
+             at::Tensor arena, char* arena_cpu, c10::DeviceIndex d)
+      : exe_(std::move(exe)),
+        env_(std::move(env)),
+        outputs_(std::move(outputs)),
+        arena_(std::move(arena)),
+        arena_cpu_(arena_cpu),
+        device_(d) {}
   void run() override {
     try {
-      exe_->execute(env_, outputs_, device_);
+      exe_->execute(env_, outputs_, arena_cpu_, device_);
     } catch (const c10::Error& e) {
       throw std::runtime_error(e.what_without_backtrace());
     }
     env_.clear();
     outputs_.clear();
+    arena_ = at::Tensor();
   }
   const char* name() const override { return "neuron::executable"; }
 
@@ -142,6 +280,8 @@ class ExecKernel final : public rt::Kernel {
   std::shared_ptr<const Executable> exe_;
   std::vector<c10::IValue> env_;
   std::vector<at::Tensor> outputs_;
+  at::Tensor arena_;  // the launch's planned intermediates (device memory), kept until the task ran
+  char* arena_cpu_;
   c10::DeviceIndex device_;
 };
 
@@ -246,11 +386,22 @@ std::vector<c10::IValue> Executable::launch(const std::vector<c10::IValue>& inpu
     if (o >= 0 && g.values[o].kind == Value::Kind::kTensor) outs.push_back(out_aliases[k++]);
     else outs.emplace_back();
   }
-  translate([&] { current_queue(d).launch(std::make_unique<ExecKernel>(shared_from_this(), std::move(env), std::move(outs), d)); });
+  at::Tensor arena;
+  char* arena_cpu = nullptr;
+  if (plan_.arena_bytes > 0) {
+    arena = at::empty({plan_.arena_bytes}, at::TensorOptions().dtype(at::kByte).device(kNeuron, d));
+    arena_cpu = static_cast<char*>(aliases.cpu(arena).data_ptr());
+  }
+  translate([&] {
+    current_queue(d).launch(
+        std::make_unique<ExecKernel>(shared_from_this(), std::move(env), std::move(outs), std::move(arena), arena_cpu, d));
+  });
   return results;
 }
 
-void Executable::run_node(const Node& n, std::vector<c10::IValue>& env, c10::DeviceIndex d) const {
+void Executable::run_node(int ni, std::vector<c10::IValue>& env, const std::vector<at::Tensor>& outputs, char* arena,
+                          c10::DeviceIndex d) const {
+  const Node& n = graph_.nodes[ni];
   const auto& schema = n.op->schema();
   const auto& formals = schema.arguments();
   c10::Stack stack;
@@ -300,6 +451,23 @@ void Executable::run_node(const Node& n, std::vector<c10::IValue>& env, c10::Dev
     if (kind == c10::TypeKind::IntType && v.isDouble()) v = c10::IValue(static_cast<int64_t>(std::llround(v.toDouble())));
     stack.push_back(std::move(v));
   }
+  // Written where we choose (the arena, the caller's output) through the op's out= overload.
+  if (out_op_[ni] && !out_failed_[ni].load(std::memory_order_relaxed)) {
+    at::Tensor dst = destination(n.outputs[0], outputs, arena);
+    if (dst.defined()) {
+      c10::Stack with_out = stack;
+      with_out.emplace_back(dst);
+      try {
+        out_op_[ni]->callBoxed(with_out);
+        env[n.outputs[0]] = std::move(dst);
+        return;
+      } catch (const c10::Error&) {
+        // Some out= kernels use `out` as scratch of another shape (mse_loss's resizes it): the
+        // memory we chose cannot grow, so this op allocates its own from now on.
+        out_failed_[ni].store(true, std::memory_order_relaxed);
+      }
+    }
+  }
   // Node::neuron_kernel (decided once, when the graph is built): our kernel instead of CPU's.
   const auto& h = *n.op;
   const bool integral_histc = n.neuron_kernel == Node::NeuronKernel::kIntegralInput && stack[0].isTensor() &&
@@ -318,7 +486,7 @@ void Executable::run_node(const Node& n, std::vector<c10::IValue>& env, c10::Dev
   for (size_t r = 0; r < n.outputs.size() && r < stack.size(); ++r) env[n.outputs[r]] = std::move(stack[r]);
 }
 
-void Executable::run_group(int gi, std::vector<c10::IValue>& env, const std::vector<at::Tensor>& outputs,
+void Executable::run_group(int gi, std::vector<c10::IValue>& env, const std::vector<at::Tensor>& outputs, char* arena,
                            c10::DeviceIndex d) const {
   const FusionGroup& grp = groups_[gi];
   // The loop indexes every operand by the same flat index: it needs dense operands of one shape.
@@ -329,7 +497,7 @@ void Executable::run_group(int gi, std::vector<c10::IValue>& env, const std::vec
     dense = dense && t.is_contiguous() && t.sizes() == first.sizes() && t.scalar_type() == grp.dtype;
   }
   if (!dense) {  // e.g. a transposed view as operand: run the group's ops as library calls
-    for (int ni : grp.nodes) run_node(graph_.nodes[ni], env, d);
+    for (int ni : grp.nodes) run_node(ni, env, {}, nullptr, d);
     return;
   }
   std::vector<char*> ptrs;
@@ -343,7 +511,7 @@ void Executable::run_group(int gi, std::vector<c10::IValue>& env, const std::vec
       env[o] = outputs[oi];
       continue;
     }
-    at::Tensor t = at::empty(first.sizes(), first.options());
+    at::Tensor t = plan_.offset[o] >= 0 && arena ? destination(o, outputs, arena) : at::empty(first.sizes(), first.options());
     ptrs.push_back(static_cast<char*>(t.data_ptr()));
     env[o] = std::move(t);
   }
@@ -354,12 +522,13 @@ void Executable::run_group(int gi, std::vector<c10::IValue>& env, const std::vec
   at::parallel_for(0, n, 32768, [&](int64_t b, int64_t e) { fn(ptrs.data(), scalars.data(), b, e); });
 }
 
-void Executable::execute(std::vector<c10::IValue>& env, const std::vector<at::Tensor>& outputs, c10::DeviceIndex d) const {
+void Executable::execute(std::vector<c10::IValue>& env, const std::vector<at::Tensor>& outputs, char* arena,
+                         c10::DeviceIndex d) const {
   // The program's inputs and results are plain CPU views: no autograd on the queue.
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   for (const auto& s : steps_) {
-    if (s.group) run_group(s.index, env, outputs, d);
-    else run_node(graph_.nodes[s.index], env, d);
+    if (s.group) run_group(s.index, env, outputs, arena, d);
+    else run_node(s.index, env, outputs, arena, d);
     for (int v : s.release) env[v] = c10::IValue();
   }
   for (size_t i = 0; i < graph_.outputs.size(); ++i) {
@@ -421,6 +590,10 @@ std::shared_ptr<Executable> compile(Graph g, const std::string& debug_dir, Compi
   std::vector<KernelFn> kernels;
   for (auto& f : fns) kernels.push_back(f.at(0));
   auto exe = std::make_shared<Executable>(std::move(g), std::move(groups), std::move(kernels), std::move(libs));
+  stats.out_calls = exe->out_calls();
+  stats.arena_bytes = exe->memory_plan().arena_bytes;
+  stats.planned_bytes = exe->memory_plan().planned_bytes;
+  stats.planned_values = exe->memory_plan().planned_values;
   stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return exe;
 }

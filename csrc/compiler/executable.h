@@ -4,6 +4,7 @@
 // allocates the outputs and enqueues the whole program on the current stream
 // as one task; the task runs the fused loops and, for ops without a lowering,
 // ATen's kernels (library calls) on CPU views of device memory.
+#include <atomic>
 #include <map>
 #include <memory>
 #include <string>
@@ -11,6 +12,7 @@
 
 #include "compiler/graph.h"
 #include "compiler/kernel_cache.h"
+#include "compiler/memory_plan.h"
 #include "compiler/passes.h"
 
 namespace neuronx::compiler {
@@ -20,6 +22,9 @@ struct CompileStats {
   BuildStats build;
   int library_calls = 0;                       // nodes run as ATen kernels
   std::map<std::string, int> library_ops;      // ... by op
+  int out_calls = 0;                           // library calls writing into planned memory (out=)
+  int64_t arena_bytes = 0, planned_bytes = 0;  // memory plan: arena size, planned buffers' sum
+  int planned_values = 0;
   double seconds = 0;
   std::string ir_hash;
 };
@@ -29,9 +34,13 @@ class __attribute__((visibility("hidden"))) Executable : public std::enable_shar
   Executable(Graph g, std::vector<FusionGroup> groups, std::vector<KernelFn> kernels,
              std::vector<std::shared_ptr<SharedObject>> libraries);
   std::vector<c10::IValue> launch(const std::vector<c10::IValue>& inputs) const;
-  // On the queue: runs the program over `env` (inputs filled in) and writes the outputs.
-  void execute(std::vector<c10::IValue>& env, const std::vector<at::Tensor>& outputs, c10::DeviceIndex d) const;
+  // On the queue: runs the program over `env` (inputs filled in) and writes the outputs;
+  // `arena`: the launch's device buffer of planned intermediates (CPU address).
+  void execute(std::vector<c10::IValue>& env, const std::vector<at::Tensor>& outputs, char* arena,
+               c10::DeviceIndex d) const;
   const Graph& graph() const { return graph_; }
+  const MemoryPlan& memory_plan() const { return plan_; }
+  int out_calls() const;
 
  private:
   struct Step {
@@ -39,9 +48,13 @@ class __attribute__((visibility("hidden"))) Executable : public std::enable_shar
     int index;                 // node or group index
     std::vector<int> release;  // values whose last use is this step
   };
-  void run_node(const Node& n, std::vector<c10::IValue>& env, c10::DeviceIndex d) const;
-  void run_group(int gi, std::vector<c10::IValue>& env, const std::vector<at::Tensor>& outputs,
+  void run_node(int ni, std::vector<c10::IValue>& env, const std::vector<at::Tensor>& outputs, char* arena,
+                c10::DeviceIndex d) const;
+  void run_group(int gi, std::vector<c10::IValue>& env, const std::vector<at::Tensor>& outputs, char* arena,
                  c10::DeviceIndex d) const;
+  // Where value v is written: its place in the arena or the caller's output, if it has one.
+  at::Tensor destination(int v, const std::vector<at::Tensor>& outputs, char* arena) const;
+  void plan();
   Graph graph_;
   std::vector<FusionGroup> groups_;
   std::vector<KernelFn> kernels_;
@@ -49,6 +62,11 @@ class __attribute__((visibility("hidden"))) Executable : public std::enable_shar
   std::vector<Step> steps_;
   std::vector<bool> host_value_;  // scalars the host computes before launch
   std::vector<int> output_index_;  // value -> its position among the graph outputs, or -1
+  // Per node: the op's out= overload, when the node's result can be written into memory we
+  // choose (the arena, or the caller's output) instead of memory the op allocates.
+  std::vector<std::optional<c10::OperatorHandle>> out_op_;
+  std::unique_ptr<std::atomic<bool>[]> out_failed_;  // per node: its out= call raised once
+  MemoryPlan plan_;
 };
 
 // Runs the passes, generates and builds the kernels (or loads them from the cache).

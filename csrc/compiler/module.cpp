@@ -191,6 +191,10 @@ void bind(py::module& parent) {
     s["fused_nodes"] = stats.passes.fused_nodes;
     s["library_calls"] = stats.library_calls;
     s["library_ops"] = stats.library_ops;
+    s["out_calls"] = stats.out_calls;
+    s["arena_bytes"] = stats.arena_bytes;
+    s["planned_bytes"] = stats.planned_bytes;
+    s["planned_values"] = stats.planned_values;
     s["kernel_units"] = stats.build.units;
     s["kernel_cache_hits"] = stats.build.cache_hits;
     s["kernels_built"] = stats.build.built;

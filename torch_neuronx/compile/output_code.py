@@ -13,8 +13,20 @@ from .. import _C
 from . import metrics
 
 
+def _real(fn, consts):
+    # Compilers run under AOTAutograd's fake mode; constants are real tensors.
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily():
+        return [fn(c) for c in consts]
+
+
 def _to_device(consts):
-    return [c.to("neuron") if c.device.type == "cpu" and c.dim() > 0 else c for c in consts]
+    return _real(lambda c: c.to("neuron") if c.device.type == "cpu" and c.dim() > 0 else c, consts)
+
+
+def _to_cpu(consts):
+    return _real(lambda c: c.detach().cpu(), consts)
 
 
 @dataclasses.dataclass(init=False)
@@ -27,7 +39,7 @@ class NeuronOutputCode(OutputCode):
     def __init__(self, desc, consts, debug_dir=""):
         super().__init__()
         self.desc = desc
-        self.cpu_consts = [c.detach().cpu() for c in consts]
+        self.cpu_consts = _to_cpu(consts)
         self._boxed_call = True
         self._exe = None
         self._consts = None
