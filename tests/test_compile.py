@@ -105,6 +105,22 @@ def test_intermediates_share_one_planned_arena():
     assert 0 < m["arena_bytes"] <= 2 * 64 * 64 * 4 < m["planned_bytes"], m
 
 
+def test_views_of_views_are_simplified_and_constants_folded():
+    def f(x):
+        pos = torch.arange(8, device=x.device).float()  # constants only: folded when built
+        w = torch.ones(8, device=x.device) * 2
+        p = x.permute(1, 0, 2).permute(2, 1, 0)  # one permute of x
+        return p.reshape(8, 3) * (pos * w)[:, None] + x.reshape(2, 12).reshape(8, 3)
+
+    x = torch.randn(3, 1, 8)
+    f_c = torch.compile(f, backend="neuron", fullgraph=True)
+    for _ in range(2):  # the folded constants are bound again at every launch
+        torch.testing.assert_close(f_c(x.to("neuron")).cpu(), f(x))
+    m = compile_metrics()
+    assert m["views_simplified"] >= 2 and m["constants_folded"] >= 2, m
+    assert "aten::arange.start_step" not in m["library_calls"], m["library_calls"]
+
+
 def test_out_overload_that_resizes_its_output_falls_back_to_allocating():
     # mse_loss's out= kernel uses `out` as elementwise scratch before reducing into it.
     f = torch.compile(lambda a, b: F.mse_loss(a, b) * 2, backend="neuron")

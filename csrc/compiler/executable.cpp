@@ -1,6 +1,7 @@
 #include "compiler/executable.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/core/enum_tag.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
@@ -8,6 +9,7 @@
 #include <ATen/ops/scalar_tensor.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <fstream>
@@ -117,17 +119,6 @@ bool is_view(const Node& n) {
   return false;
 }
 
-bool static_contiguous(const TensorMeta& m) {
-  if (!m.is_static()) return false;
-  int64_t expected = 1;
-  for (size_t i = m.sizes.size(); i-- > 0;) {
-    const auto size = static_cast<int64_t>(std::llround(m.sizes[i].eval({}, {})));
-    if (size != 1 && static_cast<int64_t>(std::llround(m.strides[i].eval({}, {}))) != expected) return false;
-    expected *= size;
-  }
-  return true;
-}
-
 std::vector<int64_t> static_ints(const std::vector<SymExpr>& es) {
   std::vector<int64_t> out;
   for (const auto& e : es) out.push_back(static_cast<int64_t>(std::llround(e.eval({}, {}))));
@@ -143,6 +134,15 @@ Executable::Executable(Graph g, std::vector<FusionGroup> groups, std::vector<Ker
   output_index_.assign(graph_.values.size(), -1);
   for (size_t i = 0; i < graph_.outputs.size(); ++i)
     if (graph_.outputs[i] >= 0 && output_index_[graph_.outputs[i]] < 0) output_index_[graph_.outputs[i]] = static_cast<int>(i);
+  out_op_.assign(graph_.nodes.size(), std::nullopt);
+  out_failed_ = std::make_unique<std::atomic<bool>[]>(graph_.nodes.size());
+  for (size_t i = 0; i < graph_.nodes.size(); ++i) {
+    const Node& n = graph_.nodes[i];
+    if (n.kind == Node::Kind::kAten && n.fused_group < 0 && n.neuron_kernel == Node::NeuronKernel::kNever &&
+        n.outputs.size() == 1 && graph_.values[n.outputs[0]].kind == Value::Kind::kTensor)
+      out_op_[i] = out_overload(*n.op);
+  }
+  fold_constants();
   // Launch list: a group runs where its last node stood.
   std::vector<int> last_of_group(groups_.size());
   for (size_t gi = 0; gi < groups_.size(); ++gi) last_of_group[gi] = groups_[gi].nodes.back();
@@ -156,7 +156,7 @@ Executable::Executable(Graph g, std::vector<FusionGroup> groups, std::vector<Ker
       if (last_of_group[n.fused_group] == static_cast<int>(i)) steps_.push_back({true, n.fused_group, {}});
       continue;
     }
-    steps_.push_back({false, static_cast<int>(i), {}});
+    if (!folded_[i]) steps_.push_back({false, static_cast<int>(i), {}});
   }
   // Release each intermediate after its last use (graph outputs and inputs are kept).
   std::vector<int> last(graph_.values.size(), -1);
@@ -176,17 +176,57 @@ Executable::Executable(Graph g, std::vector<FusionGroup> groups, std::vector<Ker
   plan();
 }
 
-// Which intermediates live in the launch's arena, and which library calls write through out=.
-void Executable::plan() {
+// Constant folding: nodes computed from constants only (arange, full, ... and what follows
+// from them alone) run once, now; their results (up to kFoldBytes) are bound at every launch.
+void Executable::fold_constants() {
+  constexpr int64_t kFoldBytes = 1 << 20;
   const size_t nv = graph_.values.size();
-  out_op_.assign(graph_.nodes.size(), std::nullopt);
-  out_failed_ = std::make_unique<std::atomic<bool>[]>(graph_.nodes.size());
+  folded_.assign(graph_.nodes.size(), false);
+  constants_.assign(nv, c10::IValue());
+  std::vector<bool> known(nv, false);
+  std::vector<c10::IValue> env(nv);
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  // The compiler may be called while a Python dispatch mode is active (AOTAutograd's fake
+  // mode): folded constants are real tensors.
+  c10::impl::ExcludeDispatchKeyGuard no_python(
+      c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
   for (size_t i = 0; i < graph_.nodes.size(); ++i) {
     const Node& n = graph_.nodes[i];
-    if (n.kind == Node::Kind::kAten && n.fused_group < 0 && n.neuron_kernel == Node::NeuronKernel::kNever &&
-        n.outputs.size() == 1 && graph_.values[n.outputs[0]].kind == Value::Kind::kTensor)
-      out_op_[i] = out_overload(*n.op);
+    if (n.kind != Node::Kind::kAten || n.fused_group >= 0 || n.neuron_kernel != Node::NeuronKernel::kNever ||
+        n.op->hasTag(at::Tag::nondeterministic_seeded) || n.op->schema().is_mutable() || n.outputs.empty())
+      continue;
+    bool inputs_known = true, generator = false;
+    for (const auto& a : n.args) for_each_value(a, [&](int v) { inputs_known = inputs_known && known[v]; });
+    for (const auto& f : n.op->schema().arguments())
+      generator = generator || f.type()->kind() == c10::TypeKind::GeneratorType ||
+                  (f.type()->cast<c10::OptionalType>() &&
+                   f.type()->castRaw<c10::OptionalType>()->getElementType()->kind() == c10::TypeKind::GeneratorType);
+    bool tensors = true;
+    for (int o : n.outputs) tensors = tensors && graph_.values[o].kind == Value::Kind::kTensor;
+    if (!inputs_known || generator || !tensors) continue;
+    try {
+      run_node(static_cast<int>(i), env, {}, nullptr, 0);
+    } catch (const std::exception&) {
+      continue;  // left to run at launch, where its error (if any) is the program's
+    }
+    int64_t bytes = 0;
+    bool ok = true;
+    for (int o : n.outputs) {
+      ok = ok && env[o].isTensor() && env[o].toTensor().defined();
+      if (ok) bytes += env[o].toTensor().numel() * static_cast<int64_t>(env[o].toTensor().element_size());
+    }
+    if (!ok || bytes > kFoldBytes) continue;
+    folded_[i] = true;
+    for (int o : n.outputs) {
+      known[o] = true;
+      constants_[o] = env[o];
+    }
   }
+}
+
+// Which intermediates live in the launch's arena.
+void Executable::plan() {
+  const size_t nv = graph_.values.size();
   // A view keeps the memory of what it views alive: lifetimes are those of the viewed base.
   std::vector<int> root(nv);
   std::iota(root.begin(), root.end(), 0);
@@ -203,7 +243,7 @@ void Executable::plan() {
   std::vector<int> first(nv, -1), last(nv, -1);
   std::vector<bool> candidate(nv, false);
   for (size_t s = 0; s < steps_.size(); ++s) {
-    const int step = static_cast<int>(s);
+    const int step = static_cast<int>(s);  // (folded nodes have no step: nothing to plan)
     auto read = [&](int v) { last[root[v]] = std::max(last[root[v]], step); };
     if (steps_[s].group) {
       const FusionGroup& grp = groups_[steps_[s].index];
@@ -211,7 +251,7 @@ void Executable::plan() {
       for (int o : grp.outputs) {
         first[o] = step;
         const auto& m = graph_.values[o].meta;
-        candidate[o] = m && static_contiguous(*m);
+        candidate[o] = m && m->is_static_contiguous();
       }
     } else {
       const Node& n = graph_.nodes[steps_[s].index];
@@ -234,9 +274,11 @@ void Executable::plan() {
 
 int Executable::out_calls() const {
   int n = 0;
-  for (const auto& o : out_op_) n += o.has_value();
+  for (size_t i = 0; i < out_op_.size(); ++i) n += out_op_[i].has_value() && !folded_[i];
   return n;
 }
+
+int Executable::folded() const { return static_cast<int>(std::count(folded_.begin(), folded_.end(), true)); }
 
 at::Tensor Executable::destination(int v, const std::vector<at::Tensor>& outputs, char* arena) const {
   if (arena && plan_.offset[v] >= 0) {
@@ -321,6 +363,8 @@ std::vector<c10::IValue> Executable::launch(const std::vector<c10::IValue>& inpu
       env[g.inputs[i].value] = v;
     }
   }
+  for (size_t v = 0; v < constants_.size(); ++v)
+    if (!constants_[v].isNone()) env[v] = constants_[v];
   // Scalar ops (symbolic sizes and floats) are host work: evaluate them now.
   for (const auto& n : g.nodes) {
     if (n.kind != Node::Kind::kScalarOp) continue;
@@ -565,16 +609,12 @@ std::shared_ptr<Executable> compile(Graph g, const std::string& debug_dir, Compi
   stats.ir_hash = cache.hash(before);
   const std::string tag = stats.ir_hash.substr(0, 12);
   dump(debug_dir, tag + ".ir_before.txt", before);
+  stats.passes.views_simplified = simplify_views(g);
   stats.passes.common_removed = eliminate_common_subexpressions(g);
   stats.passes.dead_removed = eliminate_dead_code(g);
   auto groups = fuse_pointwise(g);
   stats.passes.groups = static_cast<int>(groups.size());
   for (const auto& grp : groups) stats.passes.fused_nodes += static_cast<int>(grp.nodes.size());
-  for (const auto& n : g.nodes)
-    if (n.kind == Node::Kind::kAten && n.fused_group < 0) {
-      stats.library_calls++;
-      stats.library_ops[n.target]++;
-    }
   dump(debug_dir, tag + ".ir_after.txt", g.dump());
   // One translation unit per group: they build in parallel and are cached one by one.
   std::vector<std::string> sources;
@@ -591,6 +631,14 @@ std::shared_ptr<Executable> compile(Graph g, const std::string& debug_dir, Compi
   for (auto& f : fns) kernels.push_back(f.at(0));
   auto exe = std::make_shared<Executable>(std::move(g), std::move(groups), std::move(kernels), std::move(libs));
   stats.out_calls = exe->out_calls();
+  stats.passes.constants_folded = exe->folded();
+  for (size_t i = 0; i < exe->graph().nodes.size(); ++i) {
+    const Node& n = exe->graph().nodes[i];
+    if (n.kind == Node::Kind::kAten && n.fused_group < 0 && !exe->is_folded(static_cast<int>(i))) {
+      stats.library_calls++;
+      stats.library_ops[n.target]++;
+    }
+  }
   stats.arena_bytes = exe->memory_plan().arena_bytes;
   stats.planned_bytes = exe->memory_plan().planned_bytes;
   stats.planned_values = exe->memory_plan().planned_values;

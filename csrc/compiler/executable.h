@@ -41,6 +41,8 @@ class __attribute__((visibility("hidden"))) Executable : public std::enable_shar
   const Graph& graph() const { return graph_; }
   const MemoryPlan& memory_plan() const { return plan_; }
   int out_calls() const;
+  int folded() const;  // nodes evaluated when the executable was built
+  bool is_folded(int node) const { return folded_[node]; }
 
  private:
   struct Step {
@@ -55,6 +57,7 @@ class __attribute__((visibility("hidden"))) Executable : public std::enable_shar
   // Where value v is written: its place in the arena or the caller's output, if it has one.
   at::Tensor destination(int v, const std::vector<at::Tensor>& outputs, char* arena) const;
   void plan();
+  void fold_constants();
   Graph graph_;
   std::vector<FusionGroup> groups_;
   std::vector<KernelFn> kernels_;
@@ -67,6 +70,8 @@ class __attribute__((visibility("hidden"))) Executable : public std::enable_shar
   std::vector<std::optional<c10::OperatorHandle>> out_op_;
   std::unique_ptr<std::atomic<bool>[]> out_failed_;  // per node: its out= call raised once
   MemoryPlan plan_;
+  std::vector<bool> folded_;             // per node: evaluated at build time
+  std::vector<c10::IValue> constants_;   // per value: its folded result (None if not folded)
 };
 
 // Runs the passes, generates and builds the kernels (or loads them from the cache).

@@ -58,6 +58,17 @@ bool TensorMeta::is_static() const {
   return true;
 }
 
+bool TensorMeta::is_static_contiguous() const {
+  if (!is_static()) return false;
+  double expected = 1;
+  for (size_t i = sizes.size(); i-- > 0;) {
+    const double size = sizes[i].eval({}, {});
+    if (size != 1 && strides[i].eval({}, {}) != expected) return false;
+    expected *= size;
+  }
+  return true;
+}
+
 namespace {
 
 std::string expr_text(const SymExpr& e) {

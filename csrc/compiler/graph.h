@@ -26,6 +26,7 @@ struct TensorMeta {
   c10::ScalarType dtype = c10::ScalarType::Float;
   std::vector<SymExpr> sizes, strides;
   bool is_static() const;
+  bool is_static_contiguous() const;  // static, with row-major strides
 };
 
 // An operand of a node: a value, a constant, or a list mixing both.

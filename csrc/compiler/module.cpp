@@ -186,6 +186,8 @@ void bind(py::module& parent) {
     s["ir_hash"] = stats.ir_hash;
     s["seconds"] = stats.seconds;
     s["dead_removed"] = stats.passes.dead_removed;
+    s["views_simplified"] = stats.passes.views_simplified;
+    s["constants_folded"] = stats.passes.constants_folded;
     s["common_removed"] = stats.passes.common_removed;
     s["groups"] = stats.passes.groups;
     s["fused_nodes"] = stats.passes.fused_nodes;

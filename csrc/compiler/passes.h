@@ -1,18 +1,25 @@
 #pragma once
-// Graph passes, in the order the compiler runs them: dead-code and common
-// subexpression elimination, then grouping of pointwise chains into fused
-// kernels (the groups code generation turns into loops).
+// Graph passes, in the order the compiler runs them: view simplification,
+// common subexpression and dead-code elimination, then grouping of pointwise
+// chains into fused kernels (the groups code generation turns into loops).
+// Constant folding happens when the executable is built (it runs ops).
 #include "compiler/graph.h"
 
 namespace neuronx::compiler {
 
 struct PassStats {
+  int views_simplified = 0;
+  int constants_folded = 0;  // by the executable, when it is built
   int dead_removed = 0;
   int common_removed = 0;
   int groups = 0;
   int fused_nodes = 0;
 };
 
+// A view of a view reads the first view's base directly (when the base is
+// contiguous every view of it is valid); a permute of a permute becomes one
+// permute. The views skipped over are left for dead-code elimination.
+int simplify_views(Graph& g);
 // Removes nodes whose results nothing uses and that write no operand.
 int eliminate_dead_code(Graph& g);
 // Merges nodes computing the same op on the same operands (deterministic ops only).

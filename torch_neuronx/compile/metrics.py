@@ -8,7 +8,7 @@ _lock = threading.Lock()
 def _fresh():
     return {"compiles": 0, "cache_hits": 0, "graph_cache_hits": 0, "kernels_built": 0, "kernel_cache_hits": 0, "kernel_cache_corrupt": 0,
             "recompiles": 0, "recompile_reasons": [], "compile_seconds": 0.0, "fused_groups": 0, "fused_nodes": 0,
-            "library_calls": collections.Counter(), "out_calls": 0, "arena_bytes": 0, "planned_bytes": 0,
+            "library_calls": collections.Counter(), "out_calls": 0, "views_simplified": 0, "constants_folded": 0, "arena_bytes": 0, "planned_bytes": 0,
             "planned_values": 0, "eager_graphs": 0, "eager_reasons": []}
 
 
@@ -28,6 +28,8 @@ def record(stats):
         _m["fused_nodes"] += stats["fused_nodes"]
         _m["library_calls"].update(stats["library_ops"])
         _m["out_calls"] += stats["out_calls"]
+        _m["views_simplified"] += stats["views_simplified"]
+        _m["constants_folded"] += stats["constants_folded"]
         _m["arena_bytes"] += stats["arena_bytes"]
         _m["planned_bytes"] += stats["planned_bytes"]
         _m["planned_values"] += stats["planned_values"]
@@ -60,7 +62,8 @@ def compile_metrics():
     disk cache), graph cache hits (a graph loaded from AOTAutograd's cache in a new process,
     without tracing or exporting it again), kernels built, recompiles with Dynamo's reasons, compile seconds (AOT + compiler),
     fused groups/nodes, library calls by op (ops without a lowering, run as ATen kernels inside the
-    executable) and how many of them write through out= into memory the executable chooses, the
+    executable) and how many of them write through out= into memory the executable chooses, views
+    simplified and nodes folded to constants, the
     memory plan (arena bytes per launch, planned intermediates and their bytes before reuse), and
     graphs that ran eagerly with the reason."""
     with _lock:
