@@ -557,84 +557,52 @@ void reduce_into(at::Tensor& acc, const at::Tensor& other, const c10d::ReduceOp&
 // Between two ranks, up to kDirectAllreduceBytes: one step instead of a
 // ring's two. Each rank sends its tensor to the other (the same bytes as the
 // two halves of a ring) and both reduce the two copies, so both end with the
-// same bits: ops that are
-// exactly commutative (IEEE sum and product, bitwise) reduce the peer's copy
-// into their own; min and max compute f(x0, x1) on both ranks. Everything is
-// posted at once in segments; wait() (on the completer's thread) reduces each
-// segment as it arrives while the next ones move, through a few reused
-// receive buffers.
+// same bits: ops that are exactly commutative (IEEE sum and product, bitwise)
+// reduce the peer's copy into their own; min and max compute f(x0, x1) on
+// both ranks. The transfers are posted at once; wait() (on the completer's
+// thread) reduces, so the collective queue goes on issuing meanwhile.
 class ExchangeAllreduce final : public c10d::Work {
  public:
-  static constexpr int64_t kSegmentBytes = 4 << 20, kSlots = 4;
-
   ExchangeAllreduce(const Direct& d, at::Tensor flat, c10d::ReduceOp op)
-      : control_(c10::intrusive_ptr<c10d::Backend>::reclaim_copy(d.control)),
-        buffers_(d.buffers),
-        flat_(std::move(flat)),
-        op_(std::move(op)),
-        rank_(d.rank),
-        tag_(d.tag(0)),
-        timeout_(d.timeout) {
-    const int64_t item = flat_.element_size();
-    seg_numel_ = std::max<int64_t>(1, kSegmentBytes / item);
-    segments_ = (flat_.numel() + seg_numel_ - 1) / seg_numel_;
-    slots_ = std::min<int64_t>(kSlots, segments_);
-    if (segments_ == 0) return;
-    buffer_ = buffers_->take_buffer(slots_ * std::min(seg_numel_, flat_.numel()) * item);
-    for (int64_t s = 0; s < segments_; ++s) sends_.push_back(transfer(true, s));
-    for (int64_t s = 0; s < slots_; ++s) recvs_.push_back(transfer(false, s));
+      : buffers_(d.buffers), flat_(std::move(flat)), op_(std::move(op)), rank_(d.rank), timeout_(d.timeout) {
+    if (flat_.numel() == 0) return;
+    buffer_ = buffers_->take_buffer(flat_.numel() * flat_.element_size());
+    theirs_ = buffer_.narrow(0, 0, flat_.numel() * flat_.element_size()).view(flat_.scalar_type());
+    recv_ = recv(d, theirs_, 1 - rank_, d.tag(0));
+    send_ = send(d, flat_, 1 - rank_, d.tag(0));
   }
   ~ExchangeAllreduce() override {
+    recv_.reset();  // the transfers hold views of the buffer
+    send_.reset();
+    theirs_ = at::Tensor();
     if (buffer_.defined()) buffers_->give_buffer(std::move(buffer_));
   }
 
   bool isCompleted() override { return done_; }
   bool wait(std::chrono::milliseconds timeout) override {
-    if (done_) return true;
+    if (done_ || flat_.numel() == 0) return done_ = true;
+    recv_->wait(timeout_);
+    send_->wait(timeout_);  // our copy was sent: it may now be overwritten
     const bool commutative = op_ == c10d::ReduceOp::SUM || op_ == c10d::ReduceOp::BAND ||
                              op_ == c10d::ReduceOp::BOR || op_ == c10d::ReduceOp::BXOR ||
                              (op_ == c10d::ReduceOp::PRODUCT && !flat_.is_complex());
-    for (int64_t s = 0; s < segments_; ++s) {
-      recvs_[s]->wait(timeout_);
-      sends_[s]->wait(timeout_);  // our copy was sent: it may now be overwritten
-      at::Tensor mine = segment(s), theirs = slot(s);
-      if (commutative) {
-        reduce_into(mine, theirs, op_);
-      } else if (rank_ == 0) {
-        reduce_into(mine, theirs, op_);  // f(x0, x1)
-      } else {
-        reduce_into(theirs, mine, op_);  // f(x0, x1), then ours
-        mine.copy_(theirs);
-      }
-      if (s + slots_ < segments_) recvs_.push_back(transfer(false, s + slots_));
+    if (commutative || rank_ == 0) {
+      reduce_into(flat_, theirs_, op_);  // rank 0: f(x0, x1)
+    } else {
+      reduce_into(theirs_, flat_, op_);  // f(x0, x1), then ours
+      flat_.copy_(theirs_);
     }
     done_ = true;
     return true;
   }
 
  private:
-  at::Tensor segment(int64_t s) const {
-    const int64_t begin = s * seg_numel_;
-    return flat_.narrow(0, begin, std::min(seg_numel_, flat_.numel() - begin));
-  }
-  at::Tensor slot(int64_t s) const {
-    const int64_t n = segment(s).numel(), item = flat_.element_size();
-    return buffer_.narrow(0, (s % slots_) * seg_numel_ * item, n * item).view(flat_.scalar_type());
-  }
-  c10::intrusive_ptr<c10d::Work> transfer(bool out, int64_t s) {
-    std::vector<at::Tensor> v{out ? segment(s) : slot(s)};
-    // One tag for the whole exchange: transfers between a pair on a tag are matched in order.
-    return out ? control_->send(v, 1 - rank_, tag_) : control_->recv(v, 1 - rank_, tag_);
-  }
-
-  c10::intrusive_ptr<c10d::Backend> control_;
   Sequencer* buffers_;
-  at::Tensor flat_, buffer_;
+  at::Tensor flat_, buffer_, theirs_;
   c10d::ReduceOp op_;
-  int rank_, tag_;
+  int rank_;
   std::chrono::milliseconds timeout_;
-  int64_t seg_numel_ = 1, segments_ = 0, slots_ = 0;
-  std::vector<c10::intrusive_ptr<c10d::Work>> sends_, recvs_;
+  c10::intrusive_ptr<c10d::Work> recv_, send_;
   std::atomic<bool> done_{false};
 };
 
