@@ -182,7 +182,6 @@ void Executable::fold_constants() {
   constexpr int64_t kFoldBytes = 1 << 20;
   const size_t nv = graph_.values.size();
   folded_.assign(graph_.nodes.size(), false);
-  constants_.assign(nv, c10::IValue());
   std::vector<bool> known(nv, false);
   std::vector<c10::IValue> env(nv);
   at::AutoDispatchBelowADInplaceOrView below_autograd;
@@ -219,7 +218,7 @@ void Executable::fold_constants() {
     folded_[i] = true;
     for (int o : n.outputs) {
       known[o] = true;
-      constants_[o] = env[o];
+      constants_.emplace_back(o, env[o]);
     }
   }
 }
@@ -363,8 +362,7 @@ std::vector<c10::IValue> Executable::launch(const std::vector<c10::IValue>& inpu
       env[g.inputs[i].value] = v;
     }
   }
-  for (size_t v = 0; v < constants_.size(); ++v)
-    if (!constants_[v].isNone()) env[v] = constants_[v];
+  for (const auto& [v, c] : constants_) env[v] = c;
   // Scalar ops (symbolic sizes and floats) are host work: evaluate them now.
   for (const auto& n : g.nodes) {
     if (n.kind != Node::Kind::kScalarOp) continue;
@@ -499,16 +497,16 @@ void Executable::run_node(int ni, std::vector<c10::IValue>& env, const std::vect
   if (out_op_[ni] && !out_failed_[ni].load(std::memory_order_relaxed)) {
     at::Tensor dst = destination(n.outputs[0], outputs, arena);
     if (dst.defined()) {
-      c10::Stack with_out = stack;
-      with_out.emplace_back(dst);
+      stack.emplace_back(dst);
       try {
-        out_op_[ni]->callBoxed(with_out);
+        out_op_[ni]->callBoxed(stack);
         env[n.outputs[0]] = std::move(dst);
         return;
       } catch (const c10::Error&) {
         // Some out= kernels use `out` as scratch of another shape (mse_loss's resizes it): the
         // memory we chose cannot grow, so this op allocates its own from now on.
         out_failed_[ni].store(true, std::memory_order_relaxed);
+        return run_node(ni, env, outputs, arena, d);
       }
     }
   }
@@ -555,7 +553,8 @@ void Executable::run_group(int gi, std::vector<c10::IValue>& env, const std::vec
       env[o] = outputs[oi];
       continue;
     }
-    at::Tensor t = plan_.offset[o] >= 0 && arena ? destination(o, outputs, arena) : at::empty(first.sizes(), first.options());
+    at::Tensor t = destination(o, {}, arena);  // its arena slot, if planned
+    if (!t.defined()) t = at::empty(first.sizes(), first.options());
     ptrs.push_back(static_cast<char*>(t.data_ptr()));
     env[o] = std::move(t);
   }

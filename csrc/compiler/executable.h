@@ -71,7 +71,7 @@ class __attribute__((visibility("hidden"))) Executable : public std::enable_shar
   std::unique_ptr<std::atomic<bool>[]> out_failed_;  // per node: its out= call raised once
   MemoryPlan plan_;
   std::vector<bool> folded_;             // per node: evaluated at build time
-  std::vector<c10::IValue> constants_;   // per value: its folded result (None if not folded)
+  std::vector<std::pair<int, c10::IValue>> constants_;  // folded values and their results
 };
 
 // Runs the passes, generates and builds the kernels (or loads them from the cache).

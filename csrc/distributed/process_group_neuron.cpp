@@ -1,7 +1,6 @@
 #include "distributed/process_group_neuron.h"
 
 #include <ATen/ops/empty.h>
-#include <ATen/ops/empty_like.h>
 #include <ATen/ops/maximum.h>
 #include <ATen/ops/minimum.h>
 #include <ATen/ops/zeros.h>
@@ -168,16 +167,12 @@ std::string mismatch_message(const std::vector<Fingerprint>& per_rank) {
 
 }  // namespace
 
-// The fingerprints of a group's collectives, checked in batches (see check()).
-class Sequencer {
+// Receive buffers of the backend's own algorithms, reused: a fresh buffer
+// would be paged in by every receive.
+class BufferPool {
  public:
-  std::mutex order_mu;  // held from add() until the collective is on the queue
-  at::Tensor scratch;   // used by the collective queue only
-
-  // Receive buffers of collectives that finish on the completer's thread,
-  // reused: a fresh buffer would be paged in by every receive.
-  at::Tensor take_buffer(int64_t bytes) {
-    std::lock_guard<std::mutex> g(pool_mu_);
+  at::Tensor take(int64_t bytes) {
+    std::lock_guard<std::mutex> g(mu_);
     for (size_t i = 0; i < pool_.size(); ++i) {
       if (pool_[i].numel() >= bytes) {
         at::Tensor t = std::move(pool_[i]);
@@ -187,10 +182,20 @@ class Sequencer {
     }
     return at::empty({bytes}, at::kByte);
   }
-  void give_buffer(at::Tensor t) {
-    std::lock_guard<std::mutex> g(pool_mu_);
+  void give(at::Tensor t) {
+    std::lock_guard<std::mutex> g(mu_);
     if (pool_.size() < 4) pool_.push_back(std::move(t));
   }
+
+ private:
+  std::mutex mu_;
+  std::vector<at::Tensor> pool_;
+};
+
+// The fingerprints of a group's collectives, checked in batches (see check()).
+class Sequencer {
+ public:
+  std::mutex order_mu;  // held from add() until the collective is on the queue
   uint64_t add(const Fingerprint& f);
   void check(uint64_t seq, c10d::Backend& control);
 
@@ -201,8 +206,7 @@ class Sequencer {
     bool checked;
     std::string error;
   };
-  std::mutex mu_, pool_mu_;
-  std::vector<at::Tensor> pool_;
+  std::mutex mu_;
   std::deque<Entry> pending_;  // from sequence number base_ on
   uint64_t base_ = 0, next_ = 0;
 };
@@ -447,8 +451,7 @@ class NeuronWork final : public c10d::Work {
 // every rank derives the same tags from the collective's sequence number.
 struct Direct {
   c10d::Backend* control;
-  at::Tensor* scratch;  // receive buffer of the reduce-scatters (they run one at a time)
-  Sequencer* buffers;   // receive buffers of the exchanges (several in flight)
+  BufferPool* buffers;
   uint64_t seq;
   int rank, size;
   std::chrono::milliseconds timeout;
@@ -535,12 +538,6 @@ bool direct_allreduce_applies(const at::Tensor& t, const c10d::ReduceOp& op) {
   return t.is_contiguous() && t.numel() * t.element_size() <= kDirectAllreduceBytes && reducible(t, op);
 }
 
-// Measured: up to 1 MB the exchange beats the ring; above, the ring's halved
-// reduction (each rank reduces half the tensor) wins.
-bool exchange_applies(const at::Tensor& t, const c10d::ReduceOp& op) {
-  return t.is_contiguous() && t.numel() * t.element_size() <= kDirectAllreduceBytes && reducible(t, op);
-}
-
 void reduce_into(at::Tensor& acc, const at::Tensor& other, const c10d::ReduceOp& op) {
   switch (op.op_) {
     case c10d::ReduceOp::SUM: acc.add_(other); break;
@@ -566,7 +563,7 @@ class ExchangeAllreduce final : public c10d::Work {
   ExchangeAllreduce(const Direct& d, at::Tensor flat, c10d::ReduceOp op)
       : buffers_(d.buffers), flat_(std::move(flat)), op_(std::move(op)), rank_(d.rank), timeout_(d.timeout) {
     if (flat_.numel() == 0) return;
-    buffer_ = buffers_->take_buffer(flat_.numel() * flat_.element_size());
+    buffer_ = buffers_->take(flat_.numel() * flat_.element_size());
     theirs_ = buffer_.narrow(0, 0, flat_.numel() * flat_.element_size()).view(flat_.scalar_type());
     recv_ = recv(d, theirs_, 1 - rank_, d.tag(0));
     send_ = send(d, flat_, 1 - rank_, d.tag(0));
@@ -575,7 +572,7 @@ class ExchangeAllreduce final : public c10d::Work {
     recv_.reset();  // the transfers hold views of the buffer
     send_.reset();
     theirs_ = at::Tensor();
-    if (buffer_.defined()) buffers_->give_buffer(std::move(buffer_));
+    if (buffer_.defined()) buffers_->give(std::move(buffer_));
   }
 
   bool isCompleted() override { return done_; }
@@ -597,7 +594,7 @@ class ExchangeAllreduce final : public c10d::Work {
   }
 
  private:
-  Sequencer* buffers_;
+  BufferPool* buffers_;
   at::Tensor flat_, buffer_, theirs_;
   c10d::ReduceOp op_;
   int rank_;
@@ -612,15 +609,13 @@ c10::intrusive_ptr<c10d::Work> direct_allreduce(const Direct& d, const at::Tenso
   const auto parts = t.view(-1).tensor_split(d.size);
   const at::Tensor& mine = parts[d.rank];
   const int64_t bytes = mine.numel() * mine.element_size();
-  // Kept from one collective to the next: a fresh buffer would be paged in by every receive.
-  if (!d.scratch->defined() || d.scratch->numel() < (d.size - 1) * bytes)
-    *d.scratch = at::empty({(d.size - 1) * bytes}, at::kByte);
+  at::Tensor buffer = d.buffers->take((d.size - 1) * bytes);
   std::vector<at::Tensor> theirs(d.size);
   std::vector<c10::intrusive_ptr<c10d::Work>> recvs(d.size), sends;
   for (int peer = 0, slot = 0; peer < d.size; ++peer) {
     if (peer == d.rank) continue;
     if (bytes > 0) {
-      theirs[peer] = d.scratch->narrow(0, bytes * slot++, bytes).view(mine.scalar_type());
+      theirs[peer] = buffer.narrow(0, bytes * slot++, bytes).view(mine.scalar_type());
       recvs[peer] = recv(d, theirs[peer], peer, d.tag(0));
     }
     if (parts[peer].numel() > 0) sends.push_back(send(d, parts[peer], peer, d.tag(0)));
@@ -633,6 +628,9 @@ c10::intrusive_ptr<c10d::Work> direct_allreduce(const Direct& d, const at::Tenso
   }
   // The parts sent above are overwritten by the allgather's receives.
   for (auto& w : sends) w->wait(d.timeout);
+  recvs.clear();  // they hold views of the buffer
+  theirs.clear();
+  d.buffers->give(std::move(buffer));
   std::vector<c10::intrusive_ptr<c10d::Work>> gathers;
   for (int peer = 0; peer < d.size; ++peer) {
     if (peer == d.rank) continue;
@@ -678,7 +676,8 @@ ProcessGroupNeuron::ProcessGroupNeuron(c10::intrusive_ptr<c10d::Backend> transpo
       control_(std::move(control)),
       timeout_(timeout),
       sequencer_(std::make_shared<Sequencer>()),
-      in_flight_(std::make_shared<InFlight>()) {
+      in_flight_(std::make_shared<InFlight>()),
+      buffers_(std::make_shared<BufferPool>()) {
   {
     std::lock_guard<std::mutex> g(g_groups_mu);
     TORCH_CHECK(!g_shut_down, "the neuron distributed backend was shut down (interpreter exit)");
@@ -818,7 +817,7 @@ c10::intrusive_ptr<c10d::Work> run_collective(const Links& links, const Fingerpr
           try {
             if (check) links.sequencer->check(seq, *links.control);
             if (!ranges.empty()) links.in_flight->admit(ranges, state);
-            w = issue(*links.gloo, Direct{links.control.get(), &links.sequencer->scratch, links.sequencer.get(), seq, links.rank, links.control->getSize(),
+            w = issue(*links.gloo, Direct{links.control.get(), links.buffers.get(), seq, links.rank, links.control->getSize(),
                                           links.timeout});
           } catch (const std::exception& e) {
             return fail(e.what());
@@ -909,7 +908,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::broadcast(std::vector<at::Ten
   auto h = host(tensors);
   const Fingerprint fp = fingerprint(c10d::OpType::BROADCAST, tensors, opts.rootRank);
   return run_collective(links(), &fp, ordering_queue(d), c10d::OpType::BROADCAST, "c10d::broadcast", d, on_host, tensors, tensors,
-                        [h, opts](c10d::Backend& g, const Direct& direct) mutable { return g.broadcast(h, opts); }, nullptr);
+                        [h, opts](c10d::Backend& g, const Direct&) mutable { return g.broadcast(h, opts); }, nullptr);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::allreduce(std::vector<at::Tensor>& tensors,
@@ -944,10 +943,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::allreduce_impl(std::vector<at
         }
         c10d::AllreduceOptions o = opts;
         o.reduceOp = transport_op(opts.reduceOp);
-        if (h.size() == 1 && direct.size == 2 && exchange_applies(h[0], o.reduceOp))
-          return c10::intrusive_ptr<c10d::Work>(c10::make_intrusive<ExchangeAllreduce>(direct, h[0].view(-1), o.reduceOp));
-        if (h.size() == 1 && direct_allreduce_applies(h[0], o.reduceOp))
+        if (h.size() == 1 && direct_allreduce_applies(h[0], o.reduceOp)) {
+          if (direct.size == 2)
+            return c10::intrusive_ptr<c10d::Work>(c10::make_intrusive<ExchangeAllreduce>(direct, h[0].view(-1), o.reduceOp));
           return direct_allreduce(direct, h[0], o.reduceOp);
+        }
         return g.allreduce(h, o);
       },
       [h, op = opts.reduceOp, size]() mutable {
@@ -965,7 +965,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::reduce(std::vector<at::Tensor
   const Fingerprint fp = fingerprint(c10d::OpType::REDUCE, tensors, opts.rootRank, opts.reduceOp.op_);
   return run_collective(
       links(), &fp, ordering_queue(d), c10d::OpType::REDUCE, "c10d::reduce", d, on_host, tensors, tensors,
-      [h, opts](c10d::Backend& g, const Direct& direct) mutable {
+      [h, opts](c10d::Backend& g, const Direct&) mutable {
         for (auto& t : h) premultiply(opts.reduceOp, t);
         c10d::ReduceOptions o = opts;
         o.reduceOp = transport_op(opts.reduceOp);
@@ -987,7 +987,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::allgather(std::vector<std::ve
   auto hi = host(inputs);
   const Fingerprint fp = fingerprint(c10d::OpType::ALLGATHER, inputs);
   return run_collective(links(), &fp, ordering_queue(d), c10d::OpType::ALLGATHER, "c10d::allgather", d, on_host, all, flatten(outputs),
-                        [ho, hi, opts](c10d::Backend& g, const Direct& direct) mutable { return g.allgather(ho, hi, opts); }, nullptr);
+                        [ho, hi, opts](c10d::Backend& g, const Direct&) mutable { return g.allgather(ho, hi, opts); }, nullptr);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::_allgather_base(at::Tensor& output, at::Tensor& input,
@@ -1016,7 +1016,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::allgather_coalesced(
   const Fingerprint fp = fingerprint(c10d::OpType::ALLGATHER_COALESCED, inputs);
   return run_collective(links(), &fp, ordering_queue(d), c10d::OpType::ALLGATHER_COALESCED, "c10d::allgather_coalesced", d, on_host, all,
                         flatten(outputs),
-                        [ho, hi, opts](c10d::Backend& g, const Direct& direct) mutable { return g.allgather_coalesced(ho, hi, opts); },
+                        [ho, hi, opts](c10d::Backend& g, const Direct&) mutable { return g.allgather_coalesced(ho, hi, opts); },
                         nullptr);
 }
 
@@ -1030,7 +1030,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::allgather_into_tensor_coalesc
   const Fingerprint fp = fingerprint(c10d::OpType::COALESCED, inputs);
   return run_collective(
       links(), &fp, ordering_queue(d), c10d::OpType::COALESCED, "c10d::allgather_into_tensor_coalesced", d, on_host, all, outputs,
-      [ho, hi, opts](c10d::Backend& g, const Direct& direct) mutable { return g.allgather_into_tensor_coalesced(ho, hi, opts); }, nullptr);
+      [ho, hi, opts](c10d::Backend& g, const Direct&) mutable { return g.allgather_into_tensor_coalesced(ho, hi, opts); }, nullptr);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::gather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -1043,7 +1043,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::gather(std::vector<std::vecto
   auto hi = host(inputs);
   const Fingerprint fp = fingerprint(c10d::OpType::GATHER, inputs, opts.rootRank);
   return run_collective(links(), &fp, ordering_queue(d), c10d::OpType::GATHER, "c10d::gather", d, on_host, all, flatten(outputs),
-                        [ho, hi, opts](c10d::Backend& g, const Direct& direct) mutable { return g.gather(ho, hi, opts); }, nullptr);
+                        [ho, hi, opts](c10d::Backend& g, const Direct&) mutable { return g.gather(ho, hi, opts); }, nullptr);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::scatter(std::vector<at::Tensor>& outputs,
@@ -1056,7 +1056,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::scatter(std::vector<at::Tenso
   auto hi = host(inputs);
   const Fingerprint fp = fingerprint(c10d::OpType::SCATTER, outputs, opts.rootRank);
   return run_collective(links(), &fp, ordering_queue(d), c10d::OpType::SCATTER, "c10d::scatter", d, on_host, all, outputs,
-                        [ho, hi, opts](c10d::Backend& g, const Direct& direct) mutable { return g.scatter(ho, hi, opts); }, nullptr);
+                        [ho, hi, opts](c10d::Backend& g, const Direct&) mutable { return g.scatter(ho, hi, opts); }, nullptr);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::reduce_scatter(std::vector<at::Tensor>& outputs,
@@ -1072,7 +1072,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::reduce_scatter(std::vector<at
   const Fingerprint fp = fingerprint(c10d::OpType::REDUCE_SCATTER, outputs, -1, opts.reduceOp.op_);
   return run_collective(
       links(), &fp, ordering_queue(d), c10d::OpType::REDUCE_SCATTER, "c10d::reduce_scatter", d, on_host, all, outputs,
-      [ho, hi, opts](c10d::Backend& g, const Direct& direct) mutable {
+      [ho, hi, opts](c10d::Backend& g, const Direct&) mutable {
         std::vector<std::vector<at::Tensor>> in;
         for (auto& l : hi) in.push_back(premultiplied(opts.reduceOp, l));
         c10d::ReduceScatterOptions o = opts;
@@ -1094,7 +1094,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::_reduce_scatter_base(at::Tens
   const Fingerprint fp = fingerprint(c10d::OpType::_REDUCE_SCATTER_BASE, {output}, -1, opts.reduceOp.op_);
   return run_collective(
       links(), &fp, ordering_queue(d), c10d::OpType::_REDUCE_SCATTER_BASE, "c10d::reduce_scatter_tensor", d, on_host, all, {output},
-      [ho, hi, opts](c10d::Backend& g, const Direct& direct) mutable {
+      [ho, hi, opts](c10d::Backend& g, const Direct&) mutable {
         at::Tensor in = premultiplied(opts.reduceOp, {hi})[0];
         c10d::ReduceScatterOptions o = opts;
         o.reduceOp = transport_op(opts.reduceOp);
@@ -1115,7 +1115,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::reduce_scatter_tensor_coalesc
   const Fingerprint fp = fingerprint(c10d::OpType::COALESCED, outputs, -1, opts.reduceOp.op_);
   return run_collective(
       links(), &fp, ordering_queue(d), c10d::OpType::COALESCED, "c10d::reduce_scatter_tensor_coalesced", d, on_host, all, outputs,
-      [ho, hi, opts](c10d::Backend& g, const Direct& direct) mutable {
+      [ho, hi, opts](c10d::Backend& g, const Direct&) mutable {
         auto in = premultiplied(opts.reduceOp, hi);
         c10d::ReduceScatterOptions o = opts;
         o.reduceOp = transport_op(opts.reduceOp);
@@ -1136,7 +1136,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::alltoall_base(at::Tensor& out
   const Fingerprint fp = unsized(fingerprint(c10d::OpType::ALLTOALL_BASE, {input}));
   return run_collective(links(), &fp, ordering_queue(d), c10d::OpType::ALLTOALL_BASE, "c10d::all_to_all_single", d, on_host, all,
                         {output},
-                        [ho, hi, output_splits, input_splits, opts](c10d::Backend& g, const Direct& direct) mutable {
+                        [ho, hi, output_splits, input_splits, opts](c10d::Backend& g, const Direct&) mutable {
                           return g.alltoall_base(ho, hi, output_splits, input_splits, opts);
                         },
                         nullptr);
@@ -1152,28 +1152,28 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::alltoall(std::vector<at::Tens
   auto hi = host(inputs);
   const Fingerprint fp = unsized(fingerprint(c10d::OpType::ALLTOALL, inputs));
   return run_collective(links(), &fp, ordering_queue(d), c10d::OpType::ALLTOALL, "c10d::all_to_all", d, on_host, all, outputs,
-                        [ho, hi, opts](c10d::Backend& g, const Direct& direct) mutable { return g.alltoall(ho, hi, opts); }, nullptr);
+                        [ho, hi, opts](c10d::Backend& g, const Direct&) mutable { return g.alltoall(ho, hi, opts); }, nullptr);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::send(std::vector<at::Tensor>& tensors, int dst, int tag) {
   NEURON_C10D_PLACE("send", tensors)
   auto h = host(tensors);
   return run_collective(links(), nullptr, ordering_queue(d), c10d::OpType::SEND, "c10d::send", d, on_host, tensors, tensors,
-                        [h, dst, tag](c10d::Backend& g, const Direct& direct) mutable { return g.send(h, dst, tag); }, nullptr);
+                        [h, dst, tag](c10d::Backend& g, const Direct&) mutable { return g.send(h, dst, tag); }, nullptr);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::recv(std::vector<at::Tensor>& tensors, int src, int tag) {
   NEURON_C10D_PLACE("recv", tensors)
   auto h = host(tensors);
   return run_collective(links(), nullptr, ordering_queue(d), c10d::OpType::RECV, "c10d::recv", d, on_host, tensors, tensors,
-                        [h, src, tag](c10d::Backend& g, const Direct& direct) mutable { return g.recv(h, src, tag); }, nullptr);
+                        [h, src, tag](c10d::Backend& g, const Direct&) mutable { return g.recv(h, src, tag); }, nullptr);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
   NEURON_C10D_PLACE("recv", tensors)
   auto h = host(tensors);
   return run_collective(links(), nullptr, ordering_queue(d), c10d::OpType::RECVANYSOURCE, "c10d::recv", d, on_host, tensors, tensors,
-                        [h, tag](c10d::Backend& g, const Direct& direct) mutable { return g.recvAnysource(h, tag); }, nullptr);
+                        [h, tag](c10d::Backend& g, const Direct&) mutable { return g.recvAnysource(h, tag); }, nullptr);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::barrier(const c10d::BarrierOptions& opts) {
@@ -1181,7 +1181,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::barrier(const c10d::BarrierOp
   const c10::DeviceIndex d = current_device();
   const Fingerprint fp = fingerprint(c10d::OpType::BARRIER, {});
   return run_collective(links(), &fp, ordering_queue(d), c10d::OpType::BARRIER, "c10d::barrier", d, /*on_host=*/true, {}, {},
-                        [opts](c10d::Backend& g, const Direct& direct) mutable {
+                        [opts](c10d::Backend& g, const Direct&) mutable {
                           c10d::BarrierOptions o = opts;
                           o.device_ids.clear();  // the transport's barrier is device-free
                           return g.barrier(o);

@@ -30,6 +30,7 @@ namespace neuronx::distributed {
 
 class Sequencer;
 class InFlight;
+class BufferPool;
 struct CollectiveState;
 
 // Waits for issued transport operations, in issue order, on its own thread,
@@ -61,6 +62,7 @@ struct Links {
   std::shared_ptr<Completer> completer;
   std::shared_ptr<Sequencer> sequencer;
   std::shared_ptr<InFlight> in_flight;
+  std::shared_ptr<BufferPool> buffers;
   std::chrono::milliseconds timeout;
 };
 
@@ -147,7 +149,7 @@ class ProcessGroupNeuron final : public c10d::Backend {
   // queue of the first device it used), whatever the tensors' device or the
   // calling thread: the transport must see them in program order.
   rt::Queue& ordering_queue(c10::DeviceIndex d);
-  Links links() const { return {rank_, gloo_, control_, completer_, sequencer_, in_flight_, timeout_}; }
+  Links links() const { return {rank_, gloo_, control_, completer_, sequencer_, in_flight_, buffers_, timeout_}; }
 
   c10::intrusive_ptr<c10d::Backend> gloo_;
   c10::intrusive_ptr<c10d::Backend> control_;
@@ -160,6 +162,7 @@ class ProcessGroupNeuron final : public c10d::Backend {
   std::shared_ptr<Completer> completer_ = std::make_shared<Completer>();
   std::shared_ptr<Sequencer> sequencer_;
   std::shared_ptr<InFlight> in_flight_;
+  std::shared_ptr<BufferPool> buffers_;
 };
 
 }  // namespace neuronx::distributed

@@ -50,11 +50,6 @@ class NeuronOutputCode(OutputCode):
         metrics.record(stats)
         self._exe = exe
         self._consts = _to_device(self.cpu_consts)
-        return stats
-
-    @property
-    def executable(self):
-        return self._exe
 
     def __call__(self, inputs):
         args = list(inputs) + self._consts if self._consts else list(inputs)
@@ -68,9 +63,7 @@ class NeuronOutputCode(OutputCode):
             metrics.record_graph_cache_hit()
 
     def prepare_for_serialization(self):
-        # Called on a copy: rebind, so the live object keeps its executable.
-        self._exe = None
-        self._consts = None
+        pass  # pickling leaves the executable and the device constants out (__getstate__)
 
     def set_triton_bundle(self, triton_bundle):
         pass
