@@ -20,6 +20,8 @@ class Kernel {
   // launching host op's tag (its profiler correlation id) and the enqueue time.
   uint64_t correlation = 0;
   int64_t enqueue_ns = 0;
+  // Set by a kernel that reported its steps (report_step) instead of itself.
+  bool reported_steps = false;
 };
 
 // A kernel from a callable; used for copies, markers and tests.

@@ -30,6 +30,25 @@ void set_task_observer(TaskObserver fn, LaunchTagFn tag) {
 }
 
 namespace {
+// The kernel this engine thread is running, for report_step.
+struct Running {
+  const Kernel* kernel = nullptr;
+  int device = -1;
+  uint64_t queue = 0;
+};
+thread_local Running t_running;
+}  // namespace
+
+bool observing() { return g_observer.load(std::memory_order_relaxed) != nullptr; }
+
+void report_step(const char* name, int64_t start_ns, int64_t end_ns) {
+  TaskObserver obs = g_observer.load(std::memory_order_relaxed);
+  if (!obs || !t_running.kernel) return;
+  obs(TaskRecord{name, t_running.device, t_running.queue, t_running.kernel->enqueue_ns, start_ns, end_ns, false, false,
+                 t_running.kernel->correlation});
+}
+
+namespace {
 BlockingHooks g_hooks;
 }
 
@@ -286,7 +305,9 @@ void Engine::loop() {
           skipped = true;  // outputs of work after a failure are undefined until it is reported
         } else {
           try {
+            t_running = {task.kernel.get(), device_, q->id_};
             task.kernel->run();
+            t_running = {};
           } catch (const KernelError& ex) {
             failed = true;
             auto te = std::make_shared<TaskError>();
@@ -322,7 +343,9 @@ void Engine::loop() {
       counters->busy_ns.fetch_add(static_cast<uint64_t>(end - start), std::memory_order_relaxed);
       if (task.kind == Task::Kind::kKernel) counters->kernels.fetch_add(1, std::memory_order_relaxed);
     }
-    if (TaskObserver obs = g_observer.load(std::memory_order_relaxed); obs && task.kind == Task::Kind::kKernel)
+    t_running = {};
+    if (TaskObserver obs = g_observer.load(std::memory_order_relaxed);
+        obs && task.kind == Task::Kind::kKernel && (!task.kernel->reported_steps || failed))
       obs(TaskRecord{task.kernel->name(), device_, q->id_, task.kernel->enqueue_ns, start, end, failed, skipped,
                     task.kernel->correlation});
     // Release operands (device buffers) before reporting completion, so a

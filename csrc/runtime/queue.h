@@ -51,6 +51,11 @@ using TaskObserver = void (*)(const TaskRecord&);
 // Called on the launching thread for each kernel while an observer is set.
 using LaunchTagFn = uint64_t (*)();
 void set_task_observer(TaskObserver fn, LaunchTagFn tag = nullptr);
+// Whether an observer is set: a kernel made of steps (a compiled program) then reports each
+// step with report_step, as a task of the running kernel's queue linked to its host op, and
+// marks itself so that the whole is not reported again on top of its steps.
+bool observing();
+void report_step(const char* name, int64_t start_ns, int64_t end_ns);
 
 // Host threads that block on the device (synchronize) may hold a lock the
 // layer above owns (Python's GIL) that a finishing kernel needs to release

@@ -407,6 +407,41 @@ TEST(QueueErrors, InlineWorkIsReportedLikeAKernel) {
   EXPECT_EQ(g_obs[0].correlation, 5u);
 }
 
+TEST(QueueErrors, AKernelMadeOfStepsReportsItsStepsInsteadOfItself) {
+  {
+    std::lock_guard<std::mutex> g(g_obs_mu);
+    g_obs.clear();
+  }
+  // A compiled program: one kernel whose steps are reported, under its queue and launch tag.
+  class Steps final : public rt::Kernel {
+   public:
+    void run() override {
+      reported_steps = rt::observing();
+      rt::report_step("step_a", 10, 20);
+      rt::report_step("step_b", 20, 30);
+    }
+    const char* name() const override { return "program"; }
+  };
+  rt::set_task_observer(&observe, [] { return uint64_t{9}; });
+  {
+    Rig rig(6);
+    rt::Queue& q = rig.add(4242);
+    q.launch(std::make_unique<Steps>());
+    q.synchronize();
+  }
+  rt::report_step("outside_a_kernel", 0, 1);  // not on an engine thread: ignored
+  rt::set_task_observer(nullptr);
+  std::lock_guard<std::mutex> g(g_obs_mu);
+  ASSERT_EQ(g_obs.size(), 2u);
+  EXPECT_STREQ(g_obs[0].name, "step_a");
+  EXPECT_STREQ(g_obs[1].name, "step_b");
+  for (auto& r : g_obs) {
+    EXPECT_EQ(r.device, 6);
+    EXPECT_EQ(r.correlation, 9u);
+  }
+  EXPECT_EQ(g_obs[1].start_ns, 20);
+}
+
 // ---------------------------------------------------------------- concurrency
 
 TEST(Engine, ManyHostThreadsTwoQueues) {
