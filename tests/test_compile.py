@@ -3,6 +3,7 @@ executables against eager on a model suite (outputs, gradients, training losses)
 shapes, recompiles, the on-disk kernel cache, debug dumps and modes."""
 import copy
 import json
+import math
 import os
 import pathlib
 import stat
@@ -191,6 +192,143 @@ def test_transformer_block_with_sdpa_gradients_match_eager():
     for a, b in zip([p.grad for p in block.parameters()] + [x.grad], grads):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
     assert any("attention" in k for k in compile_metrics()["library_calls"])
+
+
+# 128 x 256 x 2048 multiply-adds: the smallest GEMM the compiler gives to oneDNN.
+GEMM = dict(rows=128, inner=256, cols=2048)
+EPILOGUES = {
+    "relu": F.relu, "gelu": F.gelu, "gelu_tanh": lambda h: F.gelu(h, approximate="tanh"), "silu": F.silu,
+    "tanh": torch.tanh, "sigmoid": torch.sigmoid,
+}
+
+
+def _linear_inputs(batch_dims=(), seed=0):
+    g = torch.Generator().manual_seed(seed)
+    rows = GEMM["rows"] // math.prod(batch_dims)
+    x = torch.randn(*batch_dims, rows, GEMM["inner"], generator=g)
+    w = torch.randn(GEMM["cols"], GEMM["inner"], generator=g) / 16
+    b = torch.randn(GEMM["cols"], generator=g)
+    r = torch.randn(*batch_dims, rows, GEMM["cols"], generator=g)
+    return x, w, b, r
+
+
+@pytest.mark.parametrize("act", sorted(EPILOGUES))
+@pytest.mark.parametrize("batch_dims", [(), (2,)], ids=["2d", "3d"])
+def test_gemm_activation_epilogue_runs_as_a_onednn_post_op(act, batch_dims):
+    fn = EPILOGUES[act]
+    x, w, b, _ = _linear_inputs(batch_dims)
+    f = torch.compile(lambda x, w, b: fn(F.linear(x, w, b)), backend="neuron", fullgraph=True)
+    out = f(*(t.to("neuron") for t in (x, w, b)))
+    torch.testing.assert_close(out.cpu(), fn(F.linear(x, w, b)), rtol=1e-4, atol=1e-4)
+    m = compile_metrics()
+    assert m["gemms"] == 1 and m["gemm_epilogues"] == 1, m
+    assert m["library_calls"].get("mkldnn::_linear_pointwise") == 1, m["library_calls"]
+    assert not any(op.startswith(("aten::addmm", "aten::gelu", "aten::relu")) for op in m["library_calls"])
+
+
+@pytest.mark.parametrize("batch_dims", [(), (4,)], ids=["2d", "3d"])
+@pytest.mark.parametrize("residual_first", [False, True])
+def test_gemm_residual_add_epilogue(batch_dims, residual_first):
+    x, w, b, r = _linear_inputs(batch_dims, seed=1)
+
+    def block(x, w, b, r):
+        y = F.linear(x, w, b)
+        return (r + y if residual_first else y + r) * 0.5
+
+    out = torch.compile(block, backend="neuron", fullgraph=True)(*(t.to("neuron") for t in (x, w, b, r)))
+    torch.testing.assert_close(out.cpu(), block(x, w, b, r), rtol=1e-4, atol=1e-4)
+    m = compile_metrics()
+    assert m["gemm_epilogues"] == 1 and m["library_calls"].get("mkldnn::_linear_pointwise.binary") == 1, m
+
+
+def test_gemms_oneDNN_does_not_win_stay_on_aten():
+    g = torch.Generator().manual_seed(2)
+    small = torch.randn(64, 64, generator=g), torch.randn(64, 64, generator=g)
+    tall = torch.randn(GEMM["inner"], GEMM["rows"], generator=g), torch.randn(GEMM["inner"], GEMM["cols"], generator=g)
+    f = torch.compile(lambda a, b: torch.relu(a @ b), backend="neuron")
+    torch.testing.assert_close(f(*(t.to("neuron") for t in small)).cpu(), torch.relu(small[0] @ small[1]))
+    t = torch.compile(lambda a, b: torch.relu(a.t() @ b), backend="neuron")  # a column-major left operand
+    torch.testing.assert_close(t(*(x.to("neuron") for x in tall)).cpu(), torch.relu(tall[0].t() @ tall[1]),
+                               rtol=1e-4, atol=1e-4)
+    m = compile_metrics()
+    assert m["gemms"] == 0 and m["library_calls"].get("aten::mm") == 2, m
+
+
+def test_gemm_result_used_twice_keeps_its_epilogue_separate():
+    x, w, b, _ = _linear_inputs()
+
+    def f(x, w, b):
+        h = F.linear(x, w, b)
+        return F.gelu(h), h.sum()
+
+    out = torch.compile(f, backend="neuron", fullgraph=True)(*(t.to("neuron") for t in (x, w, b)))
+    for got, want in zip(out, f(x, w, b)):
+        torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-3)
+    m = compile_metrics()
+    assert m["gemms"] == 1 and m["gemm_epilogues"] == 0 and "aten::gelu" in m["library_calls"], m
+
+
+def test_gemms_stay_on_aten_when_onednn_is_disabled():
+    x, w, b, _ = _linear_inputs()
+    with warnings.catch_warnings(), torch.backends.mkldnn.flags(enabled=False):
+        warnings.simplefilter("ignore")  # (flags() also sets oneDNN's TF32 switch, with a warning)
+        out = torch.compile(lambda x, w, b: F.relu(F.linear(x, w, b)), backend="neuron")(
+            *(t.to("neuron") for t in (x, w, b)))
+    torch.testing.assert_close(out.cpu(), F.relu(F.linear(x, w, b)), rtol=1e-4, atol=1e-4)
+    assert compile_metrics()["gemms"] == 0
+
+
+def test_training_through_onednn_gemms_matches_eager():
+    class Mlp(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.up, self.down = nn.Linear(GEMM["inner"], GEMM["cols"]), nn.Linear(GEMM["cols"], GEMM["inner"])
+
+        def forward(self, x):
+            return x + self.down(F.gelu(self.up(x)))
+
+    torch.manual_seed(0)
+    ref = Mlp()
+    model = copy.deepcopy(ref).to("neuron")
+    x = torch.randn(2, GEMM["rows"] // 2, GEMM["inner"])
+    ref(x).square().mean().backward()
+    torch.compile(model, backend="neuron")(x.to("neuron")).square().mean().backward()
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad.cpu(), q.grad, rtol=1e-4, atol=1e-5, msg=name)
+    assert compile_metrics()["gemms"] >= 3  # forward GEMMs, the backward's grad-input GEMMs
+
+
+@pytest.mark.parametrize("norm_first,activation", [(False, "gelu"), (True, "relu")])
+def test_transformer_encoder_fast_path_is_decomposed(norm_first, activation):
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(64, 4, 128, dropout=0.0, activation=activation, batch_first=True,
+                                       norm_first=norm_first).eval()
+    x = torch.randn(2, 16, 64)
+    mask = torch.zeros(2, 16, dtype=torch.bool)
+    mask[1, 12:] = True
+    dev = copy.deepcopy(layer).to("neuron")
+    compiled = torch.compile(dev, backend="neuron")
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x.to("neuron")).cpu(), layer(x), rtol=1e-4, atol=1e-5)
+        assert "aten::_transformer_encoder_layer_fwd" not in compile_metrics()["library_calls"]
+        # With a padding mask the fused op stays whole (the decomposition covers the unmasked form).
+        got = compiled(x.to("neuron"), src_key_padding_mask=mask.to("neuron")).cpu()
+        torch.testing.assert_close(got, layer(x, src_key_padding_mask=mask), rtol=1e-4, atol=1e-5)
+
+
+def test_profiler_shows_the_steps_of_a_compiled_program():
+    from torch.profiler import ProfilerActivity, profile
+
+    x, w, b, _ = _linear_inputs()
+    f = torch.compile(lambda x, w, b: torch.sigmoid(F.gelu(F.linear(x, w, b)) * 2 + 1), backend="neuron")
+    args = [t.to("neuron") for t in (x, w, b)]
+    f(*args)
+    torch.neuron.synchronize()  # (a program running when the session starts is reported whole)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as prof:
+        f(*args).cpu()
+    names = {e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.PrivateUse1}
+    assert {"mkldnn::_linear_pointwise", "neuron::fused_loop"} <= names, names
+    assert "neuron::executable" not in names  # its steps stand for it
 
 
 @pytest.mark.parametrize("ctx", ["no_grad", "inference_mode"])

@@ -23,6 +23,7 @@
 #include "backend/generator.h"
 #include "backend/tensor_views.h"
 #include "compiler/codegen.h"
+#include "compiler/gemm_epilogue.h"
 #include "runtime/queue.h"
 
 namespace neuronx::compiler {
@@ -307,7 +308,9 @@ class ExecKernel final : public rt::Kernel {
         device_(d) {}
   void run() override {
     try {
-      exe_->execute(env_, outputs_, arena_cpu_, device_);
+      // Under torch.profiler each step of the program is reported as a device kernel of its own.
+      reported_steps = rt::observing();
+      exe_->execute(env_, outputs_, arena_cpu_, device_, reported_steps);
     } catch (const c10::Error& e) {
       throw std::runtime_error(e.what_without_backtrace());
     }
@@ -566,12 +569,15 @@ void Executable::run_group(int gi, std::vector<c10::IValue>& env, const std::vec
 }
 
 void Executable::execute(std::vector<c10::IValue>& env, const std::vector<at::Tensor>& outputs, char* arena,
-                         c10::DeviceIndex d) const {
+                         c10::DeviceIndex d, bool report_steps) const {
   // The program's inputs and results are plain CPU views: no autograd on the queue.
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   for (const auto& s : steps_) {
+    const int64_t start = report_steps ? rt::now_ns() : 0;
     if (s.group) run_group(s.index, env, outputs, arena, d);
     else run_node(s.index, env, outputs, arena, d);
+    if (report_steps)
+      rt::report_step(s.group ? "neuron::fused_loop" : graph_.nodes[s.index].target.c_str(), start, rt::now_ns());
     for (int v : s.release) env[v] = c10::IValue();
   }
   for (size_t i = 0; i < graph_.outputs.size(); ++i) {
@@ -608,9 +614,15 @@ std::shared_ptr<Executable> compile(Graph g, const std::string& debug_dir, Compi
   stats.ir_hash = cache.hash(before);
   const std::string tag = stats.ir_hash.substr(0, 12);
   dump(debug_dir, tag + ".ir_before.txt", before);
+  // GEMM epilogues first, on exact reader counts (after dead code is gone); the weight views it
+  // adds compose with the graph's own in simplify_views.
+  stats.passes.dead_removed = eliminate_dead_code(g);
+  const GemmStats gemm = fuse_gemm_epilogues(g);
+  stats.passes.gemms = gemm.gemms;
+  stats.passes.epilogues = gemm.epilogues;
   stats.passes.views_simplified = simplify_views(g);
   stats.passes.common_removed = eliminate_common_subexpressions(g);
-  stats.passes.dead_removed = eliminate_dead_code(g);
+  stats.passes.dead_removed += eliminate_dead_code(g);
   auto groups = fuse_pointwise(g);
   stats.passes.groups = static_cast<int>(groups.size());
   for (const auto& grp : groups) stats.passes.fused_nodes += static_cast<int>(grp.nodes.size());

@@ -35,9 +35,10 @@ class __attribute__((visibility("hidden"))) Executable : public std::enable_shar
              std::vector<std::shared_ptr<SharedObject>> libraries);
   std::vector<c10::IValue> launch(const std::vector<c10::IValue>& inputs) const;
   // On the queue: runs the program over `env` (inputs filled in) and writes the outputs;
-  // `arena`: the launch's device buffer of planned intermediates (CPU address).
+  // `arena`: the launch's device buffer of planned intermediates (CPU address);
+  // `report_steps`: each step goes to the runtime's task observer (torch.profiler).
   void execute(std::vector<c10::IValue>& env, const std::vector<at::Tensor>& outputs, char* arena,
-               c10::DeviceIndex d) const;
+               c10::DeviceIndex d, bool report_steps) const;
   const Graph& graph() const { return graph_; }
   const MemoryPlan& memory_plan() const { return plan_; }
   int out_calls() const;

@@ -14,6 +14,8 @@ struct PassStats {
   int common_removed = 0;
   int groups = 0;
   int fused_nodes = 0;
+  int gemms = 0;      // mm/addmm run as oneDNN matmuls (gemm_epilogue.h)
+  int epilogues = 0;  // pointwise ops fused into them
 };
 
 // A view of a view reads the first view's base directly (when the base is

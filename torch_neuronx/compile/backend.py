@@ -10,6 +10,7 @@ import warnings
 import torch
 
 from . import export, metrics
+from .decompositions import NEURON_DECOMPOSITIONS
 from .output_code import EagerOutputCode, NeuronOutputCode
 
 aten = torch.ops.aten
@@ -35,6 +36,7 @@ def decompositions():
     for packet in KEEP_WHOLE:
         for overload in packet.overloads():
             table.pop(getattr(packet, overload), None)
+    table.update(NEURON_DECOMPOSITIONS)
     return table
 
 
@@ -77,7 +79,7 @@ def _cache_key_tag():
     loaded entry is compiled again (its kernels from the kernel cache)."""
     h = hashlib.sha256()
     here = pathlib.Path(__file__).resolve().parent
-    for name in ("backend.py", "export.py", "output_code.py"):
+    for name in ("backend.py", "decompositions.py", "export.py", "output_code.py"):
         h.update((here / name).read_bytes())
     h.update(repr(sorted(str(k) for k in decompositions())).encode())
     return f"neuron:{h.hexdigest()[:20]}"

@@ -1,0 +1,254 @@
+#include "compiler/gemm_epilogue.h"
+
+#include <ATen/Context.h>
+
+#include <map>
+#include <optional>
+
+namespace neuronx::compiler {
+
+namespace {
+
+// Below this many multiply-adds, or this many rows, ATen's BLAS call wins: oneDNN's
+// per-call setup (and the weight reorder a column-major weight needs) is not amortized.
+constexpr double kMinMacs = 1 << 26;
+constexpr double kMinRows = 64;
+
+std::optional<c10::OperatorHandle> op(const char* name, const char* overload) {
+  return c10::Dispatcher::singleton().findSchema({name, overload});
+}
+
+Arg value_arg(int v) {
+  Arg a;
+  a.kind = Arg::Kind::kValue;
+  a.value = v;
+  return a;
+}
+
+Arg constant_arg(c10::IValue c) {
+  Arg a;
+  a.constant = std::move(c);
+  return a;
+}
+
+bool is_one(const Arg& a) {
+  if (a.kind != Arg::Kind::kConstant) return false;
+  if (a.constant.isInt()) return a.constant.toInt() == 1;
+  if (a.constant.isDouble()) return a.constant.toDouble() == 1.0;
+  return false;
+}
+
+const TensorMeta* tensor_meta(const Graph& g, const Arg& a) {
+  if (a.kind != Arg::Kind::kValue) return nullptr;
+  const Value& v = g.values[a.value];
+  return v.kind == Value::Kind::kTensor && v.meta ? &*v.meta : nullptr;
+}
+
+double num(const SymExpr& e) { return e.eval({}, {}); }
+
+// A static 2-D float32 tensor with strides {rows: cols, cols: 1} (row-major) or, with
+// `transposed`, {1, rows}.
+bool dense_2d(const TensorMeta& m, bool transposed) {
+  if (m.dtype != c10::ScalarType::Float || m.sizes.size() != 2 || !m.is_static()) return false;
+  const double r = num(m.sizes[0]), c = num(m.sizes[1]), s0 = num(m.strides[0]), s1 = num(m.strides[1]);
+  return transposed ? (s0 == 1 || c == 1) && (s1 == r || r == 1) : (s1 == 1 || c == 1) && (s0 == c || r == 1);
+}
+
+bool same_sizes(const TensorMeta& a, const TensorMeta& b) {
+  if (a.sizes.size() != b.sizes.size()) return false;
+  for (size_t i = 0; i < a.sizes.size(); ++i)
+    if (a.sizes[i].postfix != b.sizes[i].postfix) return false;
+  return true;
+}
+
+// The oneDNN post-op computing this node from its first operand, or "" if none does.
+std::string unary_attr(const Node& n, std::string& algorithm) {
+  if (n.target == "aten::relu") return "relu";
+  if (n.target == "aten::silu") return "swish";
+  if (n.target == "aten::tanh") return "tanh";
+  if (n.target == "aten::sigmoid") return "sigmoid";
+  if (n.target == "aten::gelu" && n.args.size() == 2 && n.args[1].kind == Arg::Kind::kConstant &&
+      n.args[1].constant.isString()) {
+    algorithm = n.args[1].constant.toStringRef();
+    return algorithm == "none" || algorithm == "tanh" ? "gelu" : "";
+  }
+  return "";
+}
+
+struct Match {
+  int gemm = -1, view = -1, epilogue = -1;  // node indices (view, epilogue: -1 if none)
+  std::string attr = "none", algorithm;     // unary post-op
+  int other = -1;                           // binary add: the residual's value id
+};
+
+}  // namespace
+
+GemmStats fuse_gemm_epilogues(Graph& g) {
+  GemmStats stats;
+  if (!at::globalContext().userEnabledMkldnn()) return stats;  // torch.backends.mkldnn.enabled = False
+  const auto linear = op("mkldnn::_linear_pointwise", "");
+  const auto linear_binary = op("mkldnn::_linear_pointwise", "binary");
+  const auto permute = op("aten::permute", "");
+  const auto flatten = op("aten::flatten", "using_ints");
+  if (!linear || !linear_binary || !permute || !flatten) return stats;  // a build without oneDNN
+
+  // Readers of each value (node indices; graph outputs count as a reader -1).
+  std::vector<std::vector<int>> readers(g.values.size());
+  for (size_t i = 0; i < g.nodes.size(); ++i)
+    for (const auto& a : g.nodes[i].args) for_each_value(a, [&](int v) { readers[v].push_back(static_cast<int>(i)); });
+  for (int o : g.outputs)
+    if (o >= 0) readers[o].push_back(-1);
+  auto only_reader = [&](int v) { return readers[v].size() == 1 ? readers[v][0] : -1; };
+
+  std::map<int, Match> by_gemm;      // gemm node -> match
+  std::map<int, int> by_epilogue;    // epilogue node -> gemm node
+  std::vector<bool> removed(g.nodes.size(), false);
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const Node& n = g.nodes[i];
+    const bool mm = n.target == "aten::mm", addmm = n.target == "aten::addmm";
+    if (n.kind != Node::Kind::kAten || (!mm && !addmm) || n.outputs.size() != 1) continue;
+    const int ai = addmm ? 1 : 0;
+    const TensorMeta *a = tensor_meta(g, n.args[ai]), *b = tensor_meta(g, n.args[ai + 1]);
+    const TensorMeta* out = g.values[n.outputs[0]].meta ? &*g.values[n.outputs[0]].meta : nullptr;
+    if (!a || !b || !out || !dense_2d(*a, false) || !(dense_2d(*b, false) || dense_2d(*b, true)) ||
+        out->dtype != c10::ScalarType::Float)
+      continue;
+    const double rows = num(a->sizes[0]), inner = num(a->sizes[1]), cols = num(b->sizes[1]);
+    if (rows * inner * cols < kMinMacs || rows < kMinRows) continue;
+    if (addmm) {  // oneDNN adds a bias vector: addmm with beta = alpha = 1 over a [cols] bias
+      const TensorMeta* bias = tensor_meta(g, n.args[0]);
+      if (!is_one(n.args[3]) || !is_one(n.args[4]) || !bias || bias->dtype != out->dtype || bias->sizes.size() != 1 ||
+          !bias->is_static() || num(bias->sizes[0]) != cols || num(bias->strides[0]) != 1)
+        continue;
+    }
+    Match m;
+    m.gemm = static_cast<int>(i);
+    // The epilogue: the GEMM result's only reader (through one reshaping view) when that is a
+    // pointwise op oneDNN runs as a post-op over the same elements.
+    int chain = n.outputs[0], reader = only_reader(chain);
+    if (reader >= 0 && (g.nodes[reader].target == "aten::view" || g.nodes[reader].target == "aten::_unsafe_view") &&
+        g.nodes[reader].args[0].kind == Arg::Kind::kValue && g.nodes[reader].args[0].value == chain) {
+      m.view = reader;
+      chain = g.nodes[reader].outputs[0];
+      reader = only_reader(chain);
+    }
+    if (reader >= 0 && !by_epilogue.count(reader)) {
+      const Node& e = g.nodes[reader];
+      const TensorMeta* em = e.outputs.size() == 1 && g.values[e.outputs[0]].meta ? &*g.values[e.outputs[0]].meta : nullptr;
+      std::string algorithm;
+      const std::string attr = unary_attr(e, algorithm);
+      const bool reads_chain_first = !e.args.empty() && e.args[0].kind == Arg::Kind::kValue && e.args[0].value == chain;
+      if (em && em->dtype == out->dtype && !attr.empty() && reads_chain_first) {
+        m.epilogue = reader;
+        m.attr = attr;
+        m.algorithm = algorithm;
+      } else if (em && em->dtype == out->dtype && e.target == "aten::add.Tensor" && e.args.size() == 3 &&
+                 is_one(e.args[2])) {
+        for (int k = 0; k < 2 && m.epilogue < 0; ++k) {
+          const Arg &x = e.args[k], &y = e.args[1 - k];
+          const TensorMeta* ym = tensor_meta(g, y);
+          if (x.kind == Arg::Kind::kValue && x.value == chain && ym && y.value != chain && ym->dtype == out->dtype &&
+              same_sizes(*ym, *em)) {
+            m.epilogue = reader;
+            m.attr = "add";
+            m.other = y.value;
+          }
+        }
+      }
+    }
+    // The fused call runs where the epilogue stood: nothing in between may write memory.
+    for (int k = m.gemm + 1; k < m.epilogue && m.epilogue >= 0; ++k) {
+      const Node& x = g.nodes[k];
+      if (x.kind == Node::Kind::kAten && x.op->schema().is_mutable()) m.epilogue = -1;
+    }
+    if (m.epilogue < 0) m.view = -1;  // nothing fused: the view stays where it was
+    if (m.epilogue >= 0) by_epilogue[m.epilogue] = m.gemm;
+    by_gemm[m.gemm] = m;
+  }
+  if (by_gemm.empty()) return stats;
+
+  auto add_value = [&](const std::string& name, TensorMeta meta) {
+    Value v;
+    v.kind = Value::Kind::kTensor;
+    v.meta = std::move(meta);
+    v.name = name;
+    g.values.push_back(std::move(v));
+    return static_cast<int>(g.values.size()) - 1;
+  };
+  auto aten_node = [](const c10::OperatorHandle& h, std::vector<Arg> args, int output) {
+    Node n;
+    n.kind = Node::Kind::kAten;
+    n.op = h;
+    const auto& s = h.schema();
+    n.target = s.name() + (s.overload_name().empty() ? "" : "." + s.overload_name());
+    n.args = std::move(args);
+    n.outputs = {output};
+    return n;
+  };
+
+  // The fused call: weight = bᵀ (a view), then oneDNN's linear. It stands where the epilogue
+  // stood (the residual may be computed after the GEMM), or where the GEMM stood.
+  auto emit = [&](const Match& m, std::vector<Node>& out) {
+    const Node& n = g.nodes[m.gemm];
+    const bool addmm = n.target == "aten::addmm";
+    const int ai = addmm ? 1 : 0;
+    const int gemm_out = n.outputs[0];
+    const TensorMeta& b = *g.values[n.args[ai + 1].value].meta;
+    TensorMeta wt;
+    wt.dtype = b.dtype;
+    wt.sizes = {b.sizes[1], b.sizes[0]};
+    wt.strides = {b.strides[1], b.strides[0]};
+    const int w = add_value(g.values[gemm_out].name + "_weight", wt);
+    out.push_back(aten_node(*permute, {n.args[ai + 1], constant_arg(c10::IValue(std::vector<int64_t>{1, 0}))}, w));
+    const Arg bias = addmm ? n.args[0] : constant_arg(c10::IValue());
+    // Without a view the fused call defines the epilogue's value; with one, the GEMM's value,
+    // which the view (moved after it) turns into the epilogue's value.
+    const int result = m.epilogue < 0 ? gemm_out : m.view < 0 ? g.nodes[m.epilogue].outputs[0] : gemm_out;
+    if (m.other >= 0) {
+      Arg other = value_arg(m.other);
+      if (g.values[m.other].meta->sizes.size() != 2) {  // the residual, as [rows, cols]
+        const int flat = add_value(g.values[m.other].name + "_rows", *g.values[gemm_out].meta);
+        out.push_back(aten_node(*flatten, {other, constant_arg(int64_t{0}), constant_arg(int64_t{-2})}, flat));
+        other = value_arg(flat);
+      }
+      out.push_back(aten_node(*linear_binary, {n.args[ai], other, value_arg(w), bias, constant_arg(c10::IValue("add"))},
+                              result));
+    } else {
+      const c10::IValue algorithm = m.algorithm.empty() ? c10::IValue() : c10::IValue(m.algorithm);
+      out.push_back(aten_node(*linear,
+                              {n.args[ai], value_arg(w), bias, constant_arg(c10::IValue(m.attr)),
+                               constant_arg(c10::IValue(c10::List<std::optional<c10::Scalar>>())), constant_arg(algorithm)},
+                              result));
+    }
+    if (m.view >= 0) {
+      Node v = g.nodes[m.view];
+      v.outputs = {g.nodes[m.epilogue].outputs[0]};
+      out.push_back(std::move(v));
+    }
+    stats.gemms++;
+    if (m.epilogue >= 0) stats.epilogues++;
+  };
+
+  std::vector<Node> nodes;
+  nodes.reserve(g.nodes.size() + 2 * by_gemm.size());
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const int ii = static_cast<int>(i);
+    auto gm = by_gemm.find(ii);
+    if (gm != by_gemm.end()) {
+      if (gm->second.epilogue < 0) emit(gm->second, nodes);
+      continue;  // fused: emitted at its epilogue
+    }
+    auto ep = by_epilogue.find(ii);
+    if (ep != by_epilogue.end()) {
+      emit(by_gemm.at(ep->second), nodes);
+      continue;
+    }
+    bool fused_view = false;
+    for (const auto& [_, m] : by_gemm) fused_view = fused_view || m.view == ii;
+    if (!fused_view) nodes.push_back(std::move(g.nodes[i]));
+  }
+  g.nodes = std::move(nodes);
+  return stats;
+}
+
+}  // namespace neuronx::compiler
