@@ -172,7 +172,14 @@ def test_training_matches_eager_for_20_steps(name):
     compiled, m_comp = _train(model, x, t, loss_fn, 20, compiled=True)
     torch.testing.assert_close(torch.tensor(compiled), torch.tensor(eager), rtol=1e-4, atol=1e-4)
     for (n, a), b in zip(m_comp.state_dict().items(), m_eager.state_dict().values()):
-        torch.testing.assert_close(a.cpu(), b.cpu(), rtol=1e-3, atol=1e-4, msg=n)  # incl. BN running stats
+        a, b = a.cpu(), b.cpu()
+        if n.endswith("qkv.bias"):
+            # The key bias's gradient is zero in exact arithmetic (softmax ignores a constant per
+            # row), so AdamW's normalized step follows rounding noise: up to lr per step.
+            d = a.shape[0] // 3
+            torch.testing.assert_close(a[d:2 * d], b[d:2 * d], rtol=0, atol=1e-3 * 20, msg=n)
+            a, b = torch.cat([a[:d], a[2 * d:]]), torch.cat([b[:d], b[2 * d:]])
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4, msg=n)  # incl. BN running stats
     m = compile_metrics()
     assert m["compiles"] >= 2 and m["recompiles"] == 0 and m["eager_graphs"] == 0  # forward + backward
 
@@ -192,6 +199,62 @@ def test_transformer_block_with_sdpa_gradients_match_eager():
     for a, b in zip([p.grad for p in block.parameters()] + [x.grad], grads):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
     assert any("attention" in k for k in compile_metrics()["library_calls"])
+
+
+ROW_CASES = {
+    "softmax_prologue": lambda x, y, w, b: torch.softmax(x * 0.5 + y, -1),
+    "log_softmax_prologue": lambda x, y, w, b: torch.log_softmax(x - y * 2, dim=2),
+    "softmax_epilogue": lambda x, y, w, b: torch.softmax(x, -1) * y + 1,
+    "layer_norm_both": lambda x, y, w, b: F.gelu(F.layer_norm(x + y, (300,), w, b)) * 2,
+    "layer_norm_no_affine": lambda x, y, w, b: F.layer_norm(x - y, (300,)),
+    "layer_norm_input_used_after": lambda x, y, w, b: (F.layer_norm(x + y, (300,), w, b), x + y),
+}
+
+
+def _row_inputs(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(*shape, generator=g) for shape in ((6, 37, 300), (6, 37, 300), (300,), (300,))]
+
+
+@pytest.mark.parametrize("case", sorted(ROW_CASES))
+def test_row_reductions_fuse_with_their_pointwise_neighbours(case):
+    fn = ROW_CASES[case]
+    args = _row_inputs()
+    out = torch.compile(fn, backend="neuron", fullgraph=True)(*(a.to("neuron") for a in args))
+    want = fn(*args)
+    for o, r in zip(out if isinstance(out, tuple) else (out,), want if isinstance(want, tuple) else (want,)):
+        torch.testing.assert_close(o.cpu(), r, rtol=1e-5, atol=1e-5)
+    m = compile_metrics()
+    assert m["fused_row_groups"] == 1 and m["library_calls"] == {}, m
+
+
+def test_row_group_special_values_match_eager():
+    x, y, _, _ = _row_inputs(1)
+    x[0, 0, 3], x[2, 2, 2] = float("inf"), float("nan")
+    x[1, 1, :] = float("-inf")  # a row of -inf: 0/0
+    for fn in (lambda x, y: torch.softmax(x + y, -1), lambda x, y: torch.log_softmax(x + y, -1)):
+        torch._dynamo.reset()
+        out = torch.compile(fn, backend="neuron")(x.to("neuron"), y.to("neuron")).cpu()
+        torch.testing.assert_close(out, fn(x, y), equal_nan=True)
+
+
+def test_row_group_layer_norm_gradients_match_eager():
+    x, y, w, _ = _row_inputs(2)
+    f = lambda x, y, w: F.layer_norm(x * 2 + y, (300,), w).square().sum()  # noqa: E731
+    xc, wc = x.clone().requires_grad_(), w.clone().requires_grad_()
+    xn, wn = x.to("neuron").requires_grad_(), w.to("neuron").requires_grad_()
+    f(xc, y, wc).backward()
+    torch.compile(f, backend="neuron")(xn, y.to("neuron"), wn).backward()  # backward reads mean, rstd
+    torch.testing.assert_close(xn.grad.cpu(), xc.grad, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(wn.grad.cpu(), wc.grad, rtol=1e-4, atol=1e-3)
+    assert compile_metrics()["fused_row_groups"] >= 1
+
+
+def test_row_group_with_a_non_dense_operand_runs_its_ops_as_library_calls():
+    f = torch.compile(lambda a, b: torch.softmax(a * 2 + b, -1), backend="neuron", dynamic=False)
+    a, b = torch.randn(8, 6), torch.randn(6, 8)
+    out = f(a.to("neuron"), b.to("neuron").t())  # a transposed operand
+    torch.testing.assert_close(out.cpu(), torch.softmax(a * 2 + b.t(), -1))
 
 
 # 128 x 256 x 2048 multiply-adds: the smallest GEMM the compiler gives to oneDNN.

@@ -3,18 +3,12 @@
 #include <functional>
 #include <iomanip>
 #include <map>
+#include <set>
 #include <sstream>
 
 namespace neuronx::compiler {
 
 namespace {
-
-bool same_sizes(const TensorMeta& a, const TensorMeta& b) {
-  if (a.sizes.size() != b.sizes.size()) return false;
-  for (size_t i = 0; i < a.sizes.size(); ++i)
-    if (a.sizes[i].postfix != b.sizes[i].postfix) return false;
-  return true;
-}
 
 bool supported_dtype(c10::ScalarType t) {
   return t == c10::ScalarType::Float || t == c10::ScalarType::BFloat16 || t == c10::ScalarType::Double;
@@ -26,7 +20,7 @@ const char* compute_type(c10::ScalarType t) { return t == c10::ScalarType::Doubl
 bool tensor_operand(const Graph& g, const Arg& a, const TensorMeta& out) {
   if (a.kind != Arg::Kind::kValue) return false;
   const Value& v = g.values[a.value];
-  return v.kind == Value::Kind::kTensor && v.meta && v.meta->dtype == out.dtype && same_sizes(*v.meta, out);
+  return v.kind == Value::Kind::kTensor && v.meta && v.meta->dtype == out.dtype && v.meta->same_sizes(out);
 }
 
 // A number: a constant, or a runtime scalar (a symbolic float or int input).
@@ -128,9 +122,12 @@ bool lowerable(const Graph& g, const Node& n) {
 std::string kernel_prelude() {
   return R"(#include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
+#include <vector>
 static inline float nx_bf16_load(const uint16_t* p, int64_t i) {
   uint32_t u = static_cast<uint32_t>(p[i]) << 16; float f; std::memcpy(&f, &u, 4); return f;
 }
@@ -160,26 +157,36 @@ std::string gelu_expr(const std::string& x, bool tanh_form, bool vec, const char
   return c("0.5") + " * " + x + " * (" + c("1") + " + " + (vec ? "(" + inner + ").erf()" : "std::erf(" + inner + ")") + ")";
 }
 
-// The loop body: loads, the group's expressions, stores. `vec`: over Vectorized lanes.
-void emit_body(std::ostringstream& os, const Graph& g, const FusionGroup& group, bool vec, c10::ScalarType dtype) {
-  const char* ct = compute_type(dtype);
-  const bool bf16 = dtype == c10::ScalarType::BFloat16;
+// A loop body over the element index `i`: loads, the nodes' expressions, stores.
+struct Body {
+  std::vector<int> nodes;                          // pointwise nodes, in order
+  std::vector<std::pair<int, std::string>> loads;  // value, pointer (element i)
+  std::map<int, std::string> bound;                // values already computed (lane form)
+  std::vector<std::pair<int, std::string>> stores; // value, pointer (element i)
+};
+
+// Emits the body; returns each value's variable. `vec`: over Vectorized lanes.
+std::map<int, std::string> emit_body(std::ostringstream& os, const Graph& g, const FusionGroup& group, const Body& b,
+                                     bool vec, const std::string& tag) {
+  const char* ct = compute_type(group.dtype);
+  const bool bf16 = group.dtype == c10::ScalarType::BFloat16;
   const std::string ty = vec ? "Vec" : ct;
-  std::map<int, std::string> var;
+  std::map<int, std::string> var = b.bound;
   for (size_t i = 0; i < group.scalar_inputs.size(); ++i)
     var[group.scalar_inputs[i]] = vec ? "Vec(sc" + std::to_string(i) + ")" : "sc" + std::to_string(i);
-  for (size_t i = 0; i < group.tensor_inputs.size(); ++i) {
-    const std::string in = "in" + std::to_string(i);
+  for (size_t k = 0; k < b.loads.size(); ++k) {
+    const std::string& in = b.loads[k].second;
     const std::string load = vec ? "Vec::loadu(" + in + " + i)" : bf16 ? "nx_bf16_load(" + in + ", i)" : in + "[i]";
-    os << "    const " << ty << " x" << i << " = " << load << ";\n";
-    var[group.tensor_inputs[i]] = "x" + std::to_string(i);
+    const std::string x = tag + "x" + std::to_string(k);
+    os << "    const " << ty << " " << x << " = " << load << ";\n";
+    var[b.loads[k].first] = x;
   }
   auto operand = [&](const Arg& a) -> std::string {
     if (a.kind == Arg::Kind::kConstant) return vec ? "Vec(" + literal(a.constant, ct) + ")" : literal(a.constant, ct);
     return var.at(a.value);
   };
   int t = 0;
-  for (int ni : group.nodes) {
+  for (int ni : b.nodes) {
     const Node& n = g.nodes[ni];
     std::string e;
     if (n.target == "aten::gelu") {
@@ -190,27 +197,24 @@ void emit_body(std::ostringstream& os, const Graph& g, const FusionGroup& group,
       for (int i = 0; i < l.operands; ++i) ops.push_back(operand(n.args[i]));
       e = vec ? l.vexpr(ops) : l.expr(ops);
     }
-    const std::string v = "t" + std::to_string(t++);
+    const std::string v = tag + "t" + std::to_string(t++);
     os << "    const " << ty << " " << v << " = " << (vec ? "Vec(" + e + ")" : "static_cast<" + std::string(ct) + ">(" + e + ")")
        << ";\n";
     var[n.outputs[0]] = v;
   }
-  for (size_t i = 0; i < group.outputs.size(); ++i) {
-    const std::string& v = var.at(group.outputs[i]);
-    if (vec) os << "    " << v << ".store(out" << i << " + i);\n";
-    else if (bf16) os << "    nx_bf16_store(out" << i << ", i, " << v << ");\n";
-    else os << "    out" << i << "[i] = " << v << ";\n";
+  for (const auto& [value, out] : b.stores) {
+    const std::string& v = var.at(value);
+    if (vec) os << "    " << v << ".store(" << out << " + i);\n";
+    else if (bf16) os << "    nx_bf16_store(" << out << ", i, " << v << ");\n";
+    else os << "    " << out << "[i] = " << v << ";\n";
   }
+  return var;
 }
 
-}  // namespace
-
-std::string generate_kernel(const Graph& g, const FusionGroup& group, const std::string& name) {
+// Pointer declarations shared by both kernel kinds: in<k>, out<k>, sc<k>.
+void emit_pointers(std::ostringstream& os, const FusionGroup& group) {
   const char* ct = compute_type(group.dtype);
-  const bool bf16 = group.dtype == c10::ScalarType::BFloat16;
-  const char* storage = bf16 ? "uint16_t" : ct;
-  std::ostringstream os;
-  os << "extern \"C\" void " << name << "(char* const* ptrs, const double* scalars, int64_t begin, int64_t end) {\n";
+  const char* storage = group.dtype == c10::ScalarType::BFloat16 ? "uint16_t" : ct;
   os << "  using Vec = at::vec::Vectorized<" << ct << ">;\n";
   for (size_t i = 0; i < group.tensor_inputs.size(); ++i)
     os << "  const " << storage << "* __restrict__ in" << i << " = reinterpret_cast<const " << storage << "*>(ptrs[" << i
@@ -220,14 +224,203 @@ std::string generate_kernel(const Graph& g, const FusionGroup& group, const std:
        << group.tensor_inputs.size() + i << "]);\n";
   for (size_t i = 0; i < group.scalar_inputs.size(); ++i)
     os << "  const " << ct << " sc" << i << " = static_cast<" << ct << ">(scalars[" << i << "]);\n";
+}
+
+// A loop over the row's elements j < hi (element i = base + j): vectorized, then a scalar
+// tail; body(vec) emits the code of one step in lane or scalar form.
+template <typename F>
+void emit_row_loop(std::ostringstream& os, const std::string& hi, F&& body) {
+  os << "   {\n    int64_t j = 0;\n    for (; j + Vec::size() <= " << hi << "; j += Vec::size()) {\n    const int64_t i = base + j;\n";
+  body(true);
+  os << "    }\n    for (; j < " << hi << "; ++j) {\n    const int64_t i = base + j;\n";
+  body(false);
+  os << "    }\n   }\n";
+}
+
+std::string generate_row_kernel(const Graph& g, const FusionGroup& group, const std::string& name) {
+  const Node& red = g.nodes[group.reduction];
+  const bool layer_norm = red.target == "aten::native_layer_norm";
+  const bool log_softmax = red.target == "aten::_log_softmax";
+  const int x = red.args[0].value;
+  // Phase 1 (the prologue: what does not depend on the reduction) and phase 3 (the epilogue).
+  std::set<int> after(red.outputs.begin(), red.outputs.end());
+  Body pro, epi;
+  for (int ni : group.nodes) {
+    if (ni == group.reduction) continue;
+    bool dep = false;
+    for (const auto& a : g.nodes[ni].args) for_each_value(a, [&](int v) { dep = dep || after.count(v); });
+    if (dep) after.insert(g.nodes[ni].outputs[0]);
+    (dep ? epi : pro).nodes.push_back(ni);
+  }
+  auto reads = [&](const Body& b, int v) {
+    for (int ni : b.nodes) {
+      bool r = false;
+      for (const auto& a : g.nodes[ni].args) for_each_value(a, [&](int u) { r = r || u == v; });
+      if (r) return true;
+    }
+    return false;
+  };
+  std::string x_ptr;  // the reduction input, when read straight from memory
+  int columns = 0;
+  for (size_t k = 0; k < group.tensor_inputs.size(); ++k) {
+    const int v = group.tensor_inputs[k];
+    const std::string in = "in" + std::to_string(k);
+    if (layer_norm && ((red.args[2].kind == Arg::Kind::kValue && red.args[2].value == v) ||
+                       (red.args[3].kind == Arg::Kind::kValue && red.args[3].value == v))) {
+      ++columns;
+      continue;
+    }
+    if (v == x) x_ptr = in;
+    if (reads(pro, v)) pro.loads.emplace_back(v, in);
+    if (reads(epi, v)) epi.loads.emplace_back(v, in);
+  }
+  std::string mean_out, rstd_out;
+  for (size_t k = 0; k < group.outputs.size(); ++k) {
+    const int v = group.outputs[k];
+    const std::string out = "out" + std::to_string(k);
+    if (layer_norm && v == red.outputs[1]) mean_out = out;
+    else if (layer_norm && v == red.outputs[2]) rstd_out = out;
+    else if (v == red.outputs[0] || after.count(v)) epi.stores.emplace_back(v, out);
+    else pro.stores.emplace_back(v, out);
+  }
+  std::string weight, bias;
+  if (layer_norm) {
+    size_t k = group.tensor_inputs.size() - columns;
+    if (red.args[2].kind == Arg::Kind::kValue) weight = "in" + std::to_string(k++);
+    if (red.args[3].kind == Arg::Kind::kValue) bias = "in" + std::to_string(k++);
+  }
+  std::ostringstream os;
+  os << std::setprecision(17);
+  os << "extern \"C\" void " << name << "(char* const* ptrs, const double* scalars, int64_t begin, int64_t end) {\n";
+  emit_pointers(os, group);
+  os << "  const int64_t n = static_cast<int64_t>(scalars[" << group.scalar_inputs.size() << "]);\n";
+  const bool buffered = x_ptr.empty() || !layer_norm;  // softmax keeps its exponentials there
+  if (buffered) os << "  std::vector<float> row(static_cast<size_t>(n));\n";
+  os << "  for (int64_t r = begin; r < end; ++r) {\n    const int64_t base = r * n;\n";
+  os << "    float* __restrict__ xr = " << (buffered ? "row.data()" : "nullptr") << ";\n";
+  os << "    const float* __restrict__ xin = " << (x_ptr.empty() ? "xr" : x_ptr + " + base") << ";\n";
+  if (!pro.nodes.empty() || !pro.stores.empty() || x_ptr.empty()) {
+    emit_row_loop(os, "n", [&](bool vec) {
+      auto var = emit_body(os, g, group, pro, vec, "p");
+      if (x_ptr.empty()) {
+        if (vec) os << "    " << var.at(x) << ".store(xr + j);\n";
+        else os << "    xr[j] = " << var.at(x) << ";\n";
+      }
+    });
+  }
+  // Row statistics, with Vectorized partial sums as ATen's kernels do.
+  if (layer_norm) {
+    const double eps = red.args[4].constant.toDouble();
+    os << "    Vec vs(0); float s = 0;\n";
+    os << "    int64_t j = 0;\n    for (; j + Vec::size() <= n; j += Vec::size()) vs = vs + Vec::loadu(xin + j);\n";
+    os << "    for (; j < n; ++j) s += xin[j];\n";
+    os << "    const float mean = (at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, vs) + s) / n;\n";
+    os << "    Vec vq(0); float q = 0;\n";
+    os << "    for (j = 0; j + Vec::size() <= n; j += Vec::size()) { const Vec d = Vec::loadu(xin + j) - Vec(mean); vq = vq + d * d; }\n";
+    os << "    for (; j < n; ++j) { const float d = xin[j] - mean; q += d * d; }\n";
+    os << "    const float var = std::max((at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, vq) + q) / n, 0.0f);\n";
+    os << "    const float rstd = 1.0f / std::sqrt(var + (float)" << eps << ");\n";
+    if (!mean_out.empty()) os << "    " << mean_out << "[r] = mean;\n";
+    if (!rstd_out.empty()) os << "    " << rstd_out << "[r] = rstd;\n";
+  } else {
+    os << "    Vec vm(-std::numeric_limits<float>::infinity()); float m = -std::numeric_limits<float>::infinity();\n";
+    os << "    int64_t j = 0;\n    for (; j + Vec::size() <= n; j += Vec::size()) vm = at::vec::maximum(vm, Vec::loadu(xin + j));\n";
+    os << "    for (; j < n; ++j) m = nx_max(m, xin[j]);\n";
+    os << "    const float mx = nx_max(m, at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return at::vec::maximum(a, b); }, vm));\n";
+    os << "    Vec vs(0); float s = 0;\n";
+    os << "    for (j = 0; j + Vec::size() <= n; j += Vec::size()) { const Vec e = (Vec::loadu(xin + j) - Vec(mx)).exp(); vs = vs + e;"
+       << (log_softmax ? "" : " e.store(xr + j);") << " }\n";
+    os << "    for (; j < n; ++j) { const float e = std::exp(xin[j] - mx); s += e;" << (log_softmax ? "" : " xr[j] = e;")
+       << " }\n";
+    os << "    const float sum = at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, vs) + s;\n";
+    os << (log_softmax ? "    const float shift = mx + std::log(sum);\n" : "    const float inv = 1.0f / sum;\n");
+  }
+  // Phase 3: the reduction's result per element, then the epilogue.
+  emit_row_loop(os, "n", [&](bool vec) {
+    const std::string in = vec ? "Vec::loadu(xin + j)" : "xin[j]";
+    std::string y;
+    if (layer_norm) {
+      y = vec ? "(" + in + " - Vec(mean)) * Vec(rstd)" : "(" + in + " - mean) * rstd";
+      if (!weight.empty()) y = "(" + y + ") * " + (vec ? "Vec::loadu(" + weight + " + j)" : weight + "[j]");
+      if (!bias.empty()) y = "(" + y + ") + " + (vec ? "Vec::loadu(" + bias + " + j)" : bias + "[j]");
+    } else if (log_softmax) {
+      y = vec ? in + " - Vec(shift)" : in + " - shift";
+    } else {
+      y = vec ? "Vec::loadu(xr + j) * Vec(inv)" : "xr[j] * inv";
+    }
+    os << "    const " << (vec ? "Vec" : "float") << " y = " << y << ";\n";
+    Body b = epi;
+    b.bound[red.outputs[0]] = "y";
+    if (layer_norm) {
+      b.bound[red.outputs[1]] = vec ? "Vec(mean)" : "mean";
+      b.bound[red.outputs[2]] = vec ? "Vec(rstd)" : "rstd";
+    }
+    emit_body(os, g, group, b, vec, "e");
+  });
+  os << "  }\n}\n";
+  return os.str();
+}
+
+}  // namespace
+
+bool lowerable_reduction(const Graph& g, const Node& n) {
+  if (n.kind != Node::Kind::kAten || n.args.empty() || n.args[0].kind != Arg::Kind::kValue) return false;
+  const Value& x = g.values[n.args[0].value];
+  if (x.kind != Value::Kind::kTensor || !x.meta || x.meta->dtype != c10::ScalarType::Float || x.meta->sizes.empty())
+    return false;
+  const int64_t rank = static_cast<int64_t>(x.meta->sizes.size());
+  for (int o : n.outputs) {
+    const Value& v = g.values[o];
+    if (v.kind != Value::Kind::kTensor || !v.meta || v.meta->dtype != c10::ScalarType::Float) return false;
+  }
+  if (n.target == "aten::_softmax" || n.target == "aten::_log_softmax") {
+    if (n.args.size() != 3 || n.args[1].kind != Arg::Kind::kConstant || !n.args[1].constant.isInt() ||
+        n.args[2].kind != Arg::Kind::kConstant || !n.args[2].constant.isBool() || n.args[2].constant.toBool())
+      return false;
+    const int64_t dim = n.args[1].constant.toInt();
+    return dim == -1 || dim == rank - 1;
+  }
+  if (n.target != "aten::native_layer_norm" || n.args.size() != 5 || n.outputs.size() != 3) return false;
+  // normalized_shape: the last dim alone.
+  const Arg& ns = n.args[1];
+  std::vector<int64_t> shape;
+  if (ns.kind == Arg::Kind::kConstant && ns.constant.isIntList()) shape = ns.constant.toIntVector();
+  else if (ns.kind == Arg::Kind::kList && ns.items.size() == 1 && ns.items[0].kind == Arg::Kind::kConstant &&
+           ns.items[0].constant.isInt())
+    shape = {ns.items[0].constant.toInt()};
+  const SymExpr& last = x.meta->sizes.back();
+  if (shape.size() != 1 || !last.is_constant() || static_cast<int64_t>(last.eval({}, {})) != shape[0]) return false;
+  for (int a = 2; a < 4; ++a) {
+    const Arg& p = n.args[a];
+    if (p.kind == Arg::Kind::kConstant) {
+      if (!p.constant.isNone()) return false;
+      continue;
+    }
+    const Value& v = g.values[p.value];
+    if (v.kind != Value::Kind::kTensor || !v.meta || v.meta->dtype != c10::ScalarType::Float || v.meta->sizes.size() != 1 ||
+        v.meta->sizes[0].postfix != last.postfix)
+      return false;
+  }
+  return n.args[4].kind == Arg::Kind::kConstant && n.args[4].constant.isDouble();
+}
+
+std::string generate_kernel(const Graph& g, const FusionGroup& group, const std::string& name) {
+  if (group.reduction >= 0) return generate_row_kernel(g, group, name);
+  Body b;
+  b.nodes = group.nodes;
+  for (size_t i = 0; i < group.tensor_inputs.size(); ++i) b.loads.emplace_back(group.tensor_inputs[i], "in" + std::to_string(i));
+  for (size_t i = 0; i < group.outputs.size(); ++i) b.stores.emplace_back(group.outputs[i], "out" + std::to_string(i));
+  std::ostringstream os;
+  os << "extern \"C\" void " << name << "(char* const* ptrs, const double* scalars, int64_t begin, int64_t end) {\n";
+  emit_pointers(os, group);
   os << "  int64_t i = begin;\n";
-  if (!bf16) {  // ATen's vectorized math (Sleef), as eager's kernels use
+  if (group.dtype != c10::ScalarType::BFloat16) {  // ATen's vectorized math (Sleef), as eager's kernels use
     os << "  for (; i + Vec::size() <= end; i += Vec::size()) {\n";
-    emit_body(os, g, group, true, group.dtype);
+    emit_body(os, g, group, b, true, "");
     os << "  }\n";
   }
   os << "  for (; i < end; ++i) {\n";
-  emit_body(os, g, group, false, group.dtype);
+  emit_body(os, g, group, b, false, "");
   os << "  }\n}\n";
   return os.str();
 }

@@ -531,9 +531,51 @@ void Executable::run_node(int ni, std::vector<c10::IValue>& env, const std::vect
   for (size_t r = 0; r < n.outputs.size() && r < stack.size(); ++r) env[n.outputs[r]] = std::move(stack[r]);
 }
 
+void Executable::run_row_group(int gi, std::vector<c10::IValue>& env, const std::vector<at::Tensor>& outputs,
+                               char* arena, c10::DeviceIndex d) const {
+  const FusionGroup& grp = groups_[gi];
+  const Node& red = graph_.nodes[grp.reduction];
+  // The loop reads rows of n contiguous elements: every full-shape operand dense in one shape,
+  // the layer norm's weight and bias dense [n].
+  const at::Tensor& first = env[grp.tensor_inputs.at(0)].toTensor();
+  const int64_t n = first.dim() > 0 ? first.size(-1) : 0;
+  size_t columns = 0;
+  for (int a = 2; a < 4 && red.target == "aten::native_layer_norm"; ++a) columns += red.args[a].kind == Arg::Kind::kValue;
+  bool dense = n > 0;
+  for (size_t k = 0; k < grp.tensor_inputs.size() && dense; ++k) {
+    const at::Tensor& t = env[grp.tensor_inputs[k]].toTensor();
+    const bool column = k >= grp.tensor_inputs.size() - columns;
+    dense = t.is_contiguous() && t.scalar_type() == at::kFloat && (column ? t.numel() == n : t.sizes() == first.sizes());
+  }
+  if (!dense) {  // e.g. a transposed view as operand: the group's ops as library calls
+    for (int ni : grp.nodes) run_node(ni, env, {}, nullptr, d);
+    return;
+  }
+  const int64_t rows = first.numel() / n;
+  std::vector<int64_t> row_sizes = first.sizes().vec();
+  row_sizes.back() = 1;  // layer norm's mean and rstd
+  std::vector<char*> ptrs;
+  for (int v : grp.tensor_inputs) ptrs.push_back(static_cast<char*>(env[v].toTensor().data_ptr()));
+  for (int o : grp.outputs) {
+    const bool per_row = red.outputs.size() == 3 && (o == red.outputs[1] || o == red.outputs[2]);
+    const auto& sizes = per_row ? at::IntArrayRef(row_sizes) : first.sizes();
+    at::Tensor t = destination(o, outputs, arena);
+    if (!t.defined() || !t.is_contiguous() || t.sizes() != sizes) t = at::empty(sizes, first.options());
+    ptrs.push_back(static_cast<char*>(t.data_ptr()));
+    env[o] = std::move(t);
+  }
+  std::vector<double> scalars;
+  for (int v : grp.scalar_inputs) scalars.push_back(as_double(env[v]));
+  scalars.push_back(static_cast<double>(n));
+  const KernelFn fn = kernels_[gi];
+  at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / n),
+                   [&](int64_t b, int64_t e) { fn(ptrs.data(), scalars.data(), b, e); });
+}
+
 void Executable::run_group(int gi, std::vector<c10::IValue>& env, const std::vector<at::Tensor>& outputs, char* arena,
                            c10::DeviceIndex d) const {
   const FusionGroup& grp = groups_[gi];
+  if (grp.reduction >= 0) return run_row_group(gi, env, outputs, arena, d);
   // The loop indexes every operand by the same flat index: it needs dense operands of one shape.
   const at::Tensor& first = env[grp.tensor_inputs.at(0)].toTensor();
   bool dense = true;
@@ -625,7 +667,10 @@ std::shared_ptr<Executable> compile(Graph g, const std::string& debug_dir, Compi
   stats.passes.dead_removed += eliminate_dead_code(g);
   auto groups = fuse_pointwise(g);
   stats.passes.groups = static_cast<int>(groups.size());
-  for (const auto& grp : groups) stats.passes.fused_nodes += static_cast<int>(grp.nodes.size());
+  for (const auto& grp : groups) {
+    stats.passes.fused_nodes += static_cast<int>(grp.nodes.size());
+    stats.passes.row_groups += grp.reduction >= 0;
+  }
   dump(debug_dir, tag + ".ir_after.txt", g.dump());
   // One translation unit per group: they build in parallel and are cached one by one.
   std::vector<std::string> sources;

@@ -55,6 +55,8 @@ class __attribute__((visibility("hidden"))) Executable : public std::enable_shar
                 c10::DeviceIndex d) const;
   void run_group(int gi, std::vector<c10::IValue>& env, const std::vector<at::Tensor>& outputs, char* arena,
                  c10::DeviceIndex d) const;
+  void run_row_group(int gi, std::vector<c10::IValue>& env, const std::vector<at::Tensor>& outputs, char* arena,
+                     c10::DeviceIndex d) const;
   // Where value v is written: its place in the arena or the caller's output, if it has one.
   at::Tensor destination(int v, const std::vector<at::Tensor>& outputs, char* arena) const;
   void plan();

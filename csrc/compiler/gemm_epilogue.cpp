@@ -54,13 +54,6 @@ bool dense_2d(const TensorMeta& m, bool transposed) {
   return transposed ? (s0 == 1 || c == 1) && (s1 == r || r == 1) : (s1 == 1 || c == 1) && (s0 == c || r == 1);
 }
 
-bool same_sizes(const TensorMeta& a, const TensorMeta& b) {
-  if (a.sizes.size() != b.sizes.size()) return false;
-  for (size_t i = 0; i < a.sizes.size(); ++i)
-    if (a.sizes[i].postfix != b.sizes[i].postfix) return false;
-  return true;
-}
-
 // The oneDNN post-op computing this node from its first operand, or "" if none does.
 std::string unary_attr(const Node& n, std::string& algorithm) {
   if (n.target == "aten::relu") return "relu";
@@ -148,7 +141,7 @@ GemmStats fuse_gemm_epilogues(Graph& g) {
           const Arg &x = e.args[k], &y = e.args[1 - k];
           const TensorMeta* ym = tensor_meta(g, y);
           if (x.kind == Arg::Kind::kValue && x.value == chain && ym && y.value != chain && ym->dtype == out->dtype &&
-              same_sizes(*ym, *em)) {
+              ym->same_sizes(*em)) {
             m.epilogue = reader;
             m.attr = "add";
             m.other = y.value;

@@ -69,6 +69,13 @@ bool TensorMeta::is_static_contiguous() const {
   return true;
 }
 
+bool TensorMeta::same_sizes(const TensorMeta& other) const {
+  if (sizes.size() != other.sizes.size()) return false;
+  for (size_t i = 0; i < sizes.size(); ++i)
+    if (sizes[i].postfix != other.sizes[i].postfix) return false;
+  return true;
+}
+
 namespace {
 
 std::string expr_text(const SymExpr& e) {

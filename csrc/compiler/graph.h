@@ -27,6 +27,7 @@ struct TensorMeta {
   std::vector<SymExpr> sizes, strides;
   bool is_static() const;
   bool is_static_contiguous() const;  // static, with row-major strides
+  bool same_sizes(const TensorMeta& other) const;  // the same size expressions
 };
 
 // An operand of a node: a value, a constant, or a list mixing both.

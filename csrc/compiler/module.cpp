@@ -191,6 +191,7 @@ void bind(py::module& parent) {
     s["common_removed"] = stats.passes.common_removed;
     s["groups"] = stats.passes.groups;
     s["fused_nodes"] = stats.passes.fused_nodes;
+    s["row_groups"] = stats.passes.row_groups;
     s["gemms"] = stats.passes.gemms;
     s["gemm_epilogues"] = stats.passes.epilogues;
     s["library_calls"] = stats.library_calls;

@@ -14,6 +14,7 @@ struct PassStats {
   int common_removed = 0;
   int groups = 0;
   int fused_nodes = 0;
+  int row_groups = 0;  // groups around a row reduction
   int gemms = 0;      // mm/addmm run as oneDNN matmuls (gemm_epilogue.h)
   int epilogues = 0;  // pointwise ops fused into them
 };
@@ -27,14 +28,20 @@ int eliminate_dead_code(Graph& g);
 // Merges nodes computing the same op on the same operands (deterministic ops only).
 int eliminate_common_subexpressions(Graph& g);
 
-// A run of pointwise nodes over one shape and dtype, computed by one loop.
+// A run of pointwise nodes over one shape and dtype, computed by one loop; or a row group:
+// a reduction over the last dimension (softmax, log_softmax, layer norm) with the pointwise
+// nodes computing its input (prologue) and those consuming its result (epilogue), computed by
+// one loop over rows that reads each row once and writes only values used after the group.
 struct FusionGroup {
   std::vector<int> nodes;          // node indices, in order
-  std::vector<int> tensor_inputs;  // value ids read from outside the group
+  std::vector<int> tensor_inputs;  // value ids read from outside the group (a row group: the
+                                   // full-shape ones first, then the reduction's [N] weight/bias)
   std::vector<int> scalar_inputs;  // runtime scalar value ids used by the group
   std::vector<int> outputs;        // value ids the group writes (used after it)
   c10::ScalarType dtype = c10::ScalarType::Float;
+  int reduction = -1;              // a row group: its reduction node
 };
+// Pointwise chains and row groups; sets Node::fused_group.
 std::vector<FusionGroup> fuse_pointwise(Graph& g);
 
 }  // namespace neuronx::compiler
