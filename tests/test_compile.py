@@ -284,7 +284,7 @@ def test_gemm_activation_epilogue_runs_as_a_onednn_post_op(act, batch_dims):
     out = f(*(t.to("neuron") for t in (x, w, b)))
     torch.testing.assert_close(out.cpu(), fn(F.linear(x, w, b)), rtol=1e-4, atol=1e-4)
     m = compile_metrics()
-    assert m["gemms"] == 1 and m["gemm_epilogues"] == 1, m
+    assert m["gemms"] == 1 and m["epilogues"] == 1, m
     assert m["library_calls"].get("mkldnn::_linear_pointwise") == 1, m["library_calls"]
     assert not any(op.startswith(("aten::addmm", "aten::gelu", "aten::relu")) for op in m["library_calls"])
 
@@ -301,7 +301,24 @@ def test_gemm_residual_add_epilogue(batch_dims, residual_first):
     out = torch.compile(block, backend="neuron", fullgraph=True)(*(t.to("neuron") for t in (x, w, b, r)))
     torch.testing.assert_close(out.cpu(), block(x, w, b, r), rtol=1e-4, atol=1e-4)
     m = compile_metrics()
-    assert m["gemm_epilogues"] == 1 and m["library_calls"].get("mkldnn::_linear_pointwise.binary") == 1, m
+    assert m["epilogues"] == 1 and m["library_calls"].get("mkldnn::_linear_pointwise.binary") == 1, m
+
+
+@pytest.mark.parametrize("epilogue", ["relu", "silu", "residual"])
+def test_convolution_epilogue_runs_as_a_onednn_post_op(epilogue):
+    g = torch.Generator().manual_seed(4)
+    x, w, b = torch.randn(2, 8, 12, 12, generator=g), torch.randn(16, 8, 3, 3, generator=g), torch.randn(16, generator=g)
+    r = torch.randn(2, 16, 6, 6, generator=g)
+
+    def f(x, w, b, r):
+        y = F.conv2d(x, w, b, stride=2, padding=1)
+        return (y + r if epilogue == "residual" else getattr(F, epilogue)(y)) * 0.5
+
+    out = torch.compile(f, backend="neuron", fullgraph=True)(*(t.to("neuron") for t in (x, w, b, r)))
+    torch.testing.assert_close(out.cpu(), f(x, w, b, r), rtol=1e-5, atol=1e-5)
+    m = compile_metrics()
+    assert m["convolutions"] == 1 and m["epilogues"] == 1, m
+    assert "aten::convolution" not in m["library_calls"], m["library_calls"]
 
 
 def test_gemms_oneDNN_does_not_win_stay_on_aten():
@@ -328,7 +345,7 @@ def test_gemm_result_used_twice_keeps_its_epilogue_separate():
     for got, want in zip(out, f(x, w, b)):
         torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-3)
     m = compile_metrics()
-    assert m["gemms"] == 1 and m["gemm_epilogues"] == 0 and "aten::gelu" in m["library_calls"], m
+    assert m["gemms"] == 1 and m["epilogues"] == 0 and "aten::gelu" in m["library_calls"], m
 
 
 def test_gemms_stay_on_aten_when_onednn_is_disabled():

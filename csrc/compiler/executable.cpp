@@ -23,7 +23,7 @@
 #include "backend/generator.h"
 #include "backend/tensor_views.h"
 #include "compiler/codegen.h"
-#include "compiler/gemm_epilogue.h"
+#include "compiler/epilogue_fusion.h"
 #include "runtime/queue.h"
 
 namespace neuronx::compiler {
@@ -656,12 +656,13 @@ std::shared_ptr<Executable> compile(Graph g, const std::string& debug_dir, Compi
   stats.ir_hash = cache.hash(before);
   const std::string tag = stats.ir_hash.substr(0, 12);
   dump(debug_dir, tag + ".ir_before.txt", before);
-  // GEMM epilogues first, on exact reader counts (after dead code is gone); the weight views it
+  // Epilogues first, on exact reader counts (after dead code is gone); the weight views it
   // adds compose with the graph's own in simplify_views.
   stats.passes.dead_removed = eliminate_dead_code(g);
-  const GemmStats gemm = fuse_gemm_epilogues(g);
-  stats.passes.gemms = gemm.gemms;
-  stats.passes.epilogues = gemm.epilogues;
+  const EpilogueStats epi = fuse_epilogues(g);
+  stats.passes.gemms = epi.gemms;
+  stats.passes.convolutions = epi.convolutions;
+  stats.passes.epilogues = epi.epilogues;
   stats.passes.views_simplified = simplify_views(g);
   stats.passes.common_removed = eliminate_common_subexpressions(g);
   stats.passes.dead_removed += eliminate_dead_code(g);

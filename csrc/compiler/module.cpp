@@ -193,7 +193,8 @@ void bind(py::module& parent) {
     s["fused_nodes"] = stats.passes.fused_nodes;
     s["row_groups"] = stats.passes.row_groups;
     s["gemms"] = stats.passes.gemms;
-    s["gemm_epilogues"] = stats.passes.epilogues;
+    s["convolutions"] = stats.passes.convolutions;
+    s["epilogues"] = stats.passes.epilogues;
     s["library_calls"] = stats.library_calls;
     s["library_ops"] = stats.library_ops;
     s["out_calls"] = stats.out_calls;

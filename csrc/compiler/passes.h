@@ -15,8 +15,9 @@ struct PassStats {
   int groups = 0;
   int fused_nodes = 0;
   int row_groups = 0;  // groups around a row reduction
-  int gemms = 0;      // mm/addmm run as oneDNN matmuls (gemm_epilogue.h)
-  int epilogues = 0;  // pointwise ops fused into them
+  int gemms = 0;         // mm/addmm run as oneDNN matmuls (epilogue_fusion.h)
+  int convolutions = 0;  // convolutions run with their epilogue
+  int epilogues = 0;     // pointwise ops fused into GEMMs and convolutions
 };
 
 // A view of a view reads the first view's base directly (when the base is

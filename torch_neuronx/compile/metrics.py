@@ -8,7 +8,7 @@ _lock = threading.Lock()
 def _fresh():
     return {"compiles": 0, "cache_hits": 0, "graph_cache_hits": 0, "kernels_built": 0, "kernel_cache_hits": 0, "kernel_cache_corrupt": 0,
             "recompiles": 0, "recompile_reasons": [], "compile_seconds": 0.0, "fused_groups": 0, "fused_nodes": 0,
-            "fused_row_groups": 0, "gemms": 0, "gemm_epilogues": 0,
+            "fused_row_groups": 0, "gemms": 0, "convolutions": 0, "epilogues": 0,
             "library_calls": collections.Counter(), "out_calls": 0, "views_simplified": 0, "constants_folded": 0, "arena_bytes": 0, "planned_bytes": 0,
             "planned_values": 0, "eager_graphs": 0, "eager_reasons": []}
 
@@ -29,7 +29,8 @@ def record(stats):
         _m["fused_nodes"] += stats["fused_nodes"]
         _m["fused_row_groups"] += stats["row_groups"]
         _m["gemms"] += stats["gemms"]
-        _m["gemm_epilogues"] += stats["gemm_epilogues"]
+        _m["convolutions"] += stats["convolutions"]
+        _m["epilogues"] += stats["epilogues"]
         _m["library_calls"].update(stats["library_ops"])
         _m["out_calls"] += stats["out_calls"]
         _m["views_simplified"] += stats["views_simplified"]
@@ -66,8 +67,9 @@ def compile_metrics():
     disk cache), graph cache hits (a graph loaded from AOTAutograd's cache in a new process,
     without tracing or exporting it again), kernels built, recompiles with Dynamo's reasons, compile seconds (AOT + compiler),
     fused groups/nodes (row groups: a softmax, log_softmax or layer norm fused with the pointwise
-    ops around it), GEMMs run as oneDNN matmuls and the pointwise epilogues fused into them
-    (bias, activation, residual add), library calls by op (ops without a lowering, run as ATen kernels inside the
+    ops around it), GEMMs run as oneDNN matmuls, convolutions run with a fused
+    epilogue, and the pointwise epilogues fused into both (activation, residual add), library
+    calls by op (ops without a lowering, run as ATen kernels inside the
     executable) and how many of them write through out= into memory the executable chooses, views
     simplified and nodes folded to constants, the
     memory plan (arena bytes per launch, planned intermediates and their bytes before reuse), and

@@ -1,4 +1,4 @@
-#include "compiler/gemm_epilogue.h"
+#include "compiler/epilogue_fusion.h"
 
 #include <ATen/Context.h>
 
@@ -68,22 +68,57 @@ std::string unary_attr(const Node& n, std::string& algorithm) {
   return "";
 }
 
+// A float32 2-D convolution oneDNN's fused op takes as it is: contiguous NCHW input and
+// weight, constant geometry, not transposed, no output padding.
+bool convolution_eligible(const Graph& g, const Node& n) {
+  const TensorMeta *x = tensor_meta(g, n.args[0]), *w = tensor_meta(g, n.args[1]);
+  if (!x || !w || x->sizes.size() != 4 || w->sizes.size() != 4 || !x->is_static_contiguous() ||
+      !w->is_static_contiguous() || x->dtype != c10::ScalarType::Float || w->dtype != x->dtype)
+    return false;
+  if (n.args[2].kind == Arg::Kind::kValue) {
+    const TensorMeta* b = tensor_meta(g, n.args[2]);
+    if (!b || b->dtype != x->dtype || b->sizes.size() != 1) return false;
+  } else if (!n.args[2].constant.isNone()) {
+    return false;
+  }
+  auto ints = [](const Arg& a, size_t len, bool zeros) {
+    std::vector<int64_t> v;
+    if (a.kind == Arg::Kind::kConstant && a.constant.isIntList()) v = a.constant.toIntVector();
+    else if (a.kind == Arg::Kind::kList)
+      for (const auto& i : a.items) {
+        if (i.kind != Arg::Kind::kConstant || !i.constant.isInt()) return false;
+        v.push_back(i.constant.toInt());
+      }
+    else return false;
+    if (v.size() != len) return false;
+    for (int64_t e : v)
+      if (zeros && e != 0) return false;
+    return true;
+  };
+  return ints(n.args[3], 2, false) && ints(n.args[4], 2, false) && ints(n.args[5], 2, false) &&
+         n.args[6].kind == Arg::Kind::kConstant && n.args[6].constant.isBool() && !n.args[6].constant.toBool() &&
+         ints(n.args[7], 2, true) && n.args[8].kind == Arg::Kind::kConstant && n.args[8].constant.isInt();
+}
+
 struct Match {
-  int gemm = -1, view = -1, epilogue = -1;  // node indices (view, epilogue: -1 if none)
+  int gemm = -1, view = -1, epilogue = -1;  // node indices: the GEMM or convolution, the view and
+                                            // the epilogue (-1 if none)
   std::string attr = "none", algorithm;     // unary post-op
   int other = -1;                           // binary add: the residual's value id
 };
 
 }  // namespace
 
-GemmStats fuse_gemm_epilogues(Graph& g) {
-  GemmStats stats;
+EpilogueStats fuse_epilogues(Graph& g) {
+  EpilogueStats stats;
   if (!at::globalContext().userEnabledMkldnn()) return stats;  // torch.backends.mkldnn.enabled = False
   const auto linear = op("mkldnn::_linear_pointwise", "");
   const auto linear_binary = op("mkldnn::_linear_pointwise", "binary");
   const auto permute = op("aten::permute", "");
   const auto flatten = op("aten::flatten", "using_ints");
-  if (!linear || !linear_binary || !permute || !flatten) return stats;  // a build without oneDNN
+  const auto conv = op("mkldnn::_convolution_pointwise", "");
+  const auto conv_binary = op("mkldnn::_convolution_pointwise", "binary");
+  if (!linear || !linear_binary || !permute || !flatten || !conv || !conv_binary) return stats;  // no oneDNN
 
   // Readers of each value (node indices; graph outputs count as a reader -1).
   std::vector<std::vector<int>> readers(g.values.size());
@@ -99,15 +134,18 @@ GemmStats fuse_gemm_epilogues(Graph& g) {
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     const Node& n = g.nodes[i];
     const bool mm = n.target == "aten::mm", addmm = n.target == "aten::addmm";
-    if (n.kind != Node::Kind::kAten || (!mm && !addmm) || n.outputs.size() != 1) continue;
+    const bool convolution = n.target == "aten::convolution";
+    if (n.kind != Node::Kind::kAten || (!mm && !addmm && !convolution) || n.outputs.size() != 1) continue;
+    if (convolution && !convolution_eligible(g, n)) continue;
     const int ai = addmm ? 1 : 0;
     const TensorMeta *a = tensor_meta(g, n.args[ai]), *b = tensor_meta(g, n.args[ai + 1]);
     const TensorMeta* out = g.values[n.outputs[0]].meta ? &*g.values[n.outputs[0]].meta : nullptr;
-    if (!a || !b || !out || !dense_2d(*a, false) || !(dense_2d(*b, false) || dense_2d(*b, true)) ||
-        out->dtype != c10::ScalarType::Float)
+    if (!convolution && (!a || !b || !out || !dense_2d(*a, false) || !(dense_2d(*b, false) || dense_2d(*b, true)) ||
+                         out->dtype != c10::ScalarType::Float))
       continue;
-    const double rows = num(a->sizes[0]), inner = num(a->sizes[1]), cols = num(b->sizes[1]);
-    if (rows * inner * cols < kMinMacs || rows < kMinRows) continue;
+    const double rows = convolution ? 0 : num(a->sizes[0]), inner = convolution ? 0 : num(a->sizes[1]),
+                 cols = convolution ? 0 : num(b->sizes[1]);
+    if (!convolution && (rows * inner * cols < kMinMacs || rows < kMinRows)) continue;
     if (addmm) {  // oneDNN adds a bias vector: addmm with beta = alpha = 1 over a [cols] bias
       const TensorMeta* bias = tensor_meta(g, n.args[0]);
       if (!is_one(n.args[3]) || !is_one(n.args[4]) || !bias || bias->dtype != out->dtype || bias->sizes.size() != 1 ||
@@ -119,7 +157,8 @@ GemmStats fuse_gemm_epilogues(Graph& g) {
     // The epilogue: the GEMM result's only reader (through one reshaping view) when that is a
     // pointwise op oneDNN runs as a post-op over the same elements.
     int chain = n.outputs[0], reader = only_reader(chain);
-    if (reader >= 0 && (g.nodes[reader].target == "aten::view" || g.nodes[reader].target == "aten::_unsafe_view") &&
+    if (reader >= 0 && !convolution &&
+        (g.nodes[reader].target == "aten::view" || g.nodes[reader].target == "aten::_unsafe_view") &&
         g.nodes[reader].args[0].kind == Arg::Kind::kValue && g.nodes[reader].args[0].value == chain) {
       m.view = reader;
       chain = g.nodes[reader].outputs[0];
@@ -155,6 +194,7 @@ GemmStats fuse_gemm_epilogues(Graph& g) {
       if (x.kind == Node::Kind::kAten && x.op->schema().is_mutable()) m.epilogue = -1;
     }
     if (m.epilogue < 0) m.view = -1;  // nothing fused: the view stays where it was
+    if (convolution && m.epilogue < 0) continue;  // ATen's convolution is oneDNN's already
     if (m.epilogue >= 0) by_epilogue[m.epilogue] = m.gemm;
     by_gemm[m.gemm] = m;
   }
@@ -183,6 +223,27 @@ GemmStats fuse_gemm_epilogues(Graph& g) {
   // stood (the residual may be computed after the GEMM), or where the GEMM stood.
   auto emit = [&](const Match& m, std::vector<Node>& out) {
     const Node& n = g.nodes[m.gemm];
+    if (n.target == "aten::convolution") {  // args: input, weight, bias, stride, padding, dilation, ..., groups
+      const int result = g.nodes[m.epilogue].outputs[0];
+      if (m.other >= 0)
+        out.push_back(aten_node(*conv_binary,
+                                {n.args[0], value_arg(m.other), n.args[1], n.args[2], n.args[4], n.args[3], n.args[5],
+                                 n.args[8], constant_arg(c10::IValue("add")), constant_arg(c10::IValue()),
+                                 constant_arg(c10::IValue()),
+                                 constant_arg(c10::IValue(c10::List<std::optional<c10::Scalar>>())),
+                                 constant_arg(c10::IValue())},
+                                result));
+      else
+        out.push_back(aten_node(*conv,
+                                {n.args[0], n.args[1], n.args[2], n.args[4], n.args[3], n.args[5], n.args[8],
+                                 constant_arg(c10::IValue(m.attr)),
+                                 constant_arg(c10::IValue(c10::List<std::optional<c10::Scalar>>())),
+                                 constant_arg(m.algorithm.empty() ? c10::IValue() : c10::IValue(m.algorithm))},
+                                result));
+      stats.convolutions++;
+      stats.epilogues++;
+      return;
+    }
     const bool addmm = n.target == "aten::addmm";
     const int ai = addmm ? 1 : 0;
     const int gemm_out = n.outputs[0];

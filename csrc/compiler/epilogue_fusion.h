@@ -1,21 +1,26 @@
 #pragma once
-// GEMMs as oneDNN matmuls with their epilogue fused. A float32 `mm`/`addmm` whose
+// Epilogue fusion onto library GEMMs and convolutions, through oneDNN's fused
+// ops (shipped in ATen). GEMMs: a float32 `mm`/`addmm` whose
 // left operand is row-major becomes one call of oneDNN's linear (shipped in
 // ATen, `mkldnn::_linear_pointwise`): the bias is added by the matmul, and an
 // activation (relu, gelu, silu, tanh, sigmoid) or a residual add that is the
 // GEMM result's only consumer runs as the matmul's post-op, on the output tile
 // while it is in cache. Applied where oneDNN beats ATen's BLAS call on this
 // machine: large enough GEMMs (bench: 1.05-1.25x, 1.1-1.4x with a post-op).
+// Convolutions (2-D, float32, not transposed) already run on oneDNN in ATen;
+// one whose only consumer is such an activation or residual add becomes
+// `mkldnn::_convolution_pointwise` with it as the post-op.
 #include "compiler/graph.h"
 
 namespace neuronx::compiler {
 
-struct GemmStats {
+struct EpilogueStats {
   int gemms = 0;      // mm/addmm lowered to oneDNN's matmul
-  int epilogues = 0;  // pointwise consumers fused into them
+  int convolutions = 0;  // convolutions given their epilogue
+  int epilogues = 0;     // pointwise consumers fused into GEMMs and convolutions
 };
 
 // Rewrites the graph in place; keeps value ids of everything used after the fused nodes.
-GemmStats fuse_gemm_epilogues(Graph& g);
+EpilogueStats fuse_epilogues(Graph& g);
 
 }  // namespace neuronx::compiler
