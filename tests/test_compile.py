@@ -79,6 +79,37 @@ def test_pointwise_chain_is_fused_and_equals_eager():
     torch.testing.assert_close(outb.float(), chain(xb.float(), yb.float()), rtol=2e-2, atol=2e-2)
 
 
+BROADCASTS = {  # name: (function, operand shapes); the first operand has the group's shape
+    "bias_vector": (lambda x, b: torch.tanh(x + b) * 2, [(4, 8, 33, 65), (65,)]),
+    "per_row": (lambda x, c: torch.exp(x - c) * 3, [(4, 8, 33, 65), (4, 8, 33, 1)]),
+    "leading_dims": (lambda x, m, c: (x * m + c).sigmoid() - 1, [(4, 8, 33, 65), (4, 1, 1, 65), (4, 8, 33, 1)]),
+    "zero_dim": (lambda x, s: (x * s).relu() + 1, [(4, 8, 33, 65), ()]),
+    "outer_product": (lambda a, b: (a + b).exp() * 2, [(5, 1), (1, 7)]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BROADCASTS))
+def test_broadcast_operands_fuse_into_one_loop(case):
+    fn, shapes = BROADCASTS[case]
+    g = torch.Generator().manual_seed(3)
+    args = [torch.randn(s, generator=g) for s in shapes]
+    out = torch.compile(fn, backend="neuron", fullgraph=True)(*(a.to("neuron") for a in args))
+    torch.testing.assert_close(out.cpu(), fn(*args), rtol=1e-5, atol=1e-5)
+    m = compile_metrics()
+    assert m["fused_groups"] == 1 and m["library_calls"] == {}, m
+
+
+def test_attention_mask_and_softmax_fuse_and_a_non_broadcastable_runtime_operand_falls_back():
+    g = torch.Generator().manual_seed(4)
+    scores, mask = torch.randn(2, 4, 16, 16, generator=g), torch.randn(2, 1, 1, 16, generator=g)
+    fn = lambda s, m: torch.softmax(s * 0.125 + m, -1)  # noqa: E731
+    f = torch.compile(fn, backend="neuron", dynamic=False)
+    torch.testing.assert_close(f(scores.to("neuron"), mask.to("neuron")).cpu(), fn(scores, mask))
+    assert compile_metrics()["fused_row_groups"] == 1
+    wide = mask.expand(2, 1, 16, 16).transpose(2, 3)  # the same values, read through a view
+    torch.testing.assert_close(f(scores.to("neuron"), wide.to("neuron")).cpu(), fn(scores, wide))
+
+
 def test_non_dense_operands_of_a_fused_group_fall_back_to_library_calls():
     f = torch.compile(lambda a, b: (a * 2 + b).exp(), backend="neuron", dynamic=False)
     a = torch.randn(8, 6)

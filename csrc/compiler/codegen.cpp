@@ -16,11 +16,19 @@ bool supported_dtype(c10::ScalarType t) {
 
 const char* compute_type(c10::ScalarType t) { return t == c10::ScalarType::Double ? "double" : "float"; }
 
-// A tensor operand of the node's shape and dtype.
+bool is_one(const SymExpr& e) { return e.is_constant() && e.eval({}, {}) == 1; }
+
+// A tensor operand of the node's dtype whose sizes broadcast to the node's shape (each of its
+// dims, aligned from the right, is the node's or a constant 1).
 bool tensor_operand(const Graph& g, const Arg& a, const TensorMeta& out) {
   if (a.kind != Arg::Kind::kValue) return false;
   const Value& v = g.values[a.value];
-  return v.kind == Value::Kind::kTensor && v.meta && v.meta->dtype == out.dtype && v.meta->same_sizes(out);
+  if (v.kind != Value::Kind::kTensor || !v.meta || v.meta->dtype != out.dtype || v.meta->sizes.size() > out.sizes.size())
+    return false;
+  const size_t lead = out.sizes.size() - v.meta->sizes.size();
+  for (size_t d = 0; d < v.meta->sizes.size(); ++d)
+    if (v.meta->sizes[d].postfix != out.sizes[lead + d].postfix && !is_one(v.meta->sizes[d])) return false;
+  return true;
 }
 
 // A number: a constant, or a runtime scalar (a symbolic float or int input).
@@ -157,10 +165,14 @@ std::string gelu_expr(const std::string& x, bool tanh_form, bool vec, const char
   return c("0.5") + " * " + x + " * (" + c("1") + " + " + (vec ? "(" + inner + ").erf()" : "std::erf(" + inner + ")") + ")";
 }
 
-// A loop body over the element index `i`: loads, the nodes' expressions, stores.
+// A loop body: loads, the nodes' expressions, stores (at element index i).
+struct Load {
+  int value;
+  std::string vec, scalar;  // the load, in lane and in scalar form
+};
 struct Body {
   std::vector<int> nodes;                          // pointwise nodes, in order
-  std::vector<std::pair<int, std::string>> loads;  // value, pointer (element i)
+  std::vector<Load> loads;
   std::map<int, std::string> bound;                // values already computed (lane form)
   std::vector<std::pair<int, std::string>> stores; // value, pointer (element i)
 };
@@ -175,11 +187,9 @@ std::map<int, std::string> emit_body(std::ostringstream& os, const Graph& g, con
   for (size_t i = 0; i < group.scalar_inputs.size(); ++i)
     var[group.scalar_inputs[i]] = vec ? "Vec(sc" + std::to_string(i) + ")" : "sc" + std::to_string(i);
   for (size_t k = 0; k < b.loads.size(); ++k) {
-    const std::string& in = b.loads[k].second;
-    const std::string load = vec ? "Vec::loadu(" + in + " + i)" : bf16 ? "nx_bf16_load(" + in + ", i)" : in + "[i]";
     const std::string x = tag + "x" + std::to_string(k);
-    os << "    const " << ty << " " << x << " = " << load << ";\n";
-    var[b.loads[k].first] = x;
+    os << "    const " << ty << " " << x << " = " << (vec ? b.loads[k].vec : b.loads[k].scalar) << ";\n";
+    var[b.loads[k].value] = x;
   }
   auto operand = [&](const Arg& a) -> std::string {
     if (a.kind == Arg::Kind::kConstant) return vec ? "Vec(" + literal(a.constant, ct) + ")" : literal(a.constant, ct);
@@ -211,6 +221,13 @@ std::map<int, std::string> emit_body(std::ostringstream& os, const Graph& g, con
   return var;
 }
 
+// A load of pointer p at index idx (in lane form: `lanes` consecutive values, or one value
+// broadcast to every lane).
+Load load(int value, const std::string& p, const std::string& idx, bool broadcast, bool bf16) {
+  const std::string scalar = bf16 ? "nx_bf16_load(" + p + ", " + idx + ")" : p + "[" + idx + "]";
+  return {value, broadcast ? "Vec(" + scalar + ")" : "Vec::loadu(" + p + " + " + idx + ")", scalar};
+}
+
 // Pointer declarations shared by both kernel kinds: in<k>, out<k>, sc<k>.
 void emit_pointers(std::ostringstream& os, const FusionGroup& group) {
   const char* ct = compute_type(group.dtype);
@@ -226,24 +243,33 @@ void emit_pointers(std::ostringstream& os, const FusionGroup& group) {
     os << "  const " << ct << " sc" << i << " = static_cast<" << ct << ">(scalars[" << i << "]);\n";
 }
 
-// A loop over the row's elements j < hi (element i = base + j): vectorized, then a scalar
-// tail; body(vec) emits the code of one step in lane or scalar form.
+// A loop over the row's elements j < n (element i = base + j): vectorized (unless bfloat16,
+// whose values are converted one by one), then a scalar tail; body(vec) emits one step.
 template <typename F>
-void emit_row_loop(std::ostringstream& os, const std::string& hi, F&& body) {
-  os << "   {\n    int64_t j = 0;\n    for (; j + Vec::size() <= " << hi << "; j += Vec::size()) {\n    const int64_t i = base + j;\n";
-  body(true);
-  os << "    }\n    for (; j < " << hi << "; ++j) {\n    const int64_t i = base + j;\n";
+void emit_row_loop(std::ostringstream& os, bool vectorize, F&& body) {
+  os << "   {\n    int64_t j = 0;\n";
+  if (vectorize) {
+    os << "    for (; j + Vec::size() <= n; j += Vec::size()) {\n    const int64_t i = base + j;\n";
+    body(true);
+    os << "    }\n";
+  }
+  os << "    for (; j < n; ++j) {\n    const int64_t i = base + j;\n";
   body(false);
   os << "    }\n   }\n";
 }
 
+// The kernel of a group that loops over rows: a pointwise group with broadcast inputs, or a
+// row group (prologue, the reduction's row statistics, the reduced values and the epilogue).
 std::string generate_row_kernel(const Graph& g, const FusionGroup& group, const std::string& name) {
-  const Node& red = g.nodes[group.reduction];
-  const bool layer_norm = red.target == "aten::native_layer_norm";
-  const bool log_softmax = red.target == "aten::_log_softmax";
-  const int x = red.args[0].value;
+  const Node* red = group.reduction >= 0 ? &g.nodes[group.reduction] : nullptr;
+  const bool layer_norm = red && red->target == "aten::native_layer_norm";
+  const bool log_softmax = red && red->target == "aten::_log_softmax";
+  const bool bf16 = group.dtype == c10::ScalarType::BFloat16;
+  const int x = red ? red->args[0].value : -1;
+  const auto kinds = operand_kinds(g, group);
   // Phase 1 (the prologue: what does not depend on the reduction) and phase 3 (the epilogue).
-  std::set<int> after(red.outputs.begin(), red.outputs.end());
+  std::set<int> after;
+  if (red) after.insert(red->outputs.begin(), red->outputs.end());
   Body pro, epi;
   for (int ni : group.nodes) {
     if (ni == group.reduction) continue;
@@ -260,57 +286,82 @@ std::string generate_row_kernel(const Graph& g, const FusionGroup& group, const 
     }
     return false;
   };
-  std::string x_ptr;  // the reduction input, when read straight from memory
-  int columns = 0;
+  std::string x_ptr, weight, bias;  // the reduction input when read from memory; layer norm's [n] operands
+  std::vector<int> strided;          // inputs found per row from their leading strides
+  size_t rows_with_strides = 0;      // non-column inputs (each has R strides in the scalars)
   for (size_t k = 0; k < group.tensor_inputs.size(); ++k) {
     const int v = group.tensor_inputs[k];
-    const std::string in = "in" + std::to_string(k);
-    if (layer_norm && ((red.args[2].kind == Arg::Kind::kValue && red.args[2].value == v) ||
-                       (red.args[3].kind == Arg::Kind::kValue && red.args[3].value == v))) {
-      ++columns;
+    const std::string in = "in" + std::to_string(k), row = "r" + std::to_string(k);
+    if (kinds[k] == Operand::kColumn) {
+      (red->args[2].kind == Arg::Kind::kValue && red->args[2].value == v ? weight : bias) = in;
       continue;
     }
-    if (v == x) x_ptr = in;
-    if (reads(pro, v)) pro.loads.emplace_back(v, in);
-    if (reads(epi, v)) epi.loads.emplace_back(v, in);
+    ++rows_with_strides;
+    if (kinds[k] != Operand::kElement) strided.push_back(static_cast<int>(k));
+    if (v == x) x_ptr = in + " + base";
+    Load l = kinds[k] == Operand::kElement       ? load(v, in, "i", false, bf16)
+             : kinds[k] == Operand::kRowBroadcast ? load(v, row, "0", true, bf16)
+                                                  : load(v, row, "j", false, bf16);
+    if (reads(pro, v)) pro.loads.push_back(l);
+    if (reads(epi, v)) epi.loads.push_back(l);
   }
   std::string mean_out, rstd_out;
   for (size_t k = 0; k < group.outputs.size(); ++k) {
     const int v = group.outputs[k];
     const std::string out = "out" + std::to_string(k);
-    if (layer_norm && v == red.outputs[1]) mean_out = out;
-    else if (layer_norm && v == red.outputs[2]) rstd_out = out;
-    else if (v == red.outputs[0] || after.count(v)) epi.stores.emplace_back(v, out);
+    if (layer_norm && v == red->outputs[1]) mean_out = out;
+    else if (layer_norm && v == red->outputs[2]) rstd_out = out;
+    else if ((red && v == red->outputs[0]) || after.count(v)) epi.stores.emplace_back(v, out);
     else pro.stores.emplace_back(v, out);
   }
-  std::string weight, bias;
-  if (layer_norm) {
-    size_t k = group.tensor_inputs.size() - columns;
-    if (red.args[2].kind == Arg::Kind::kValue) weight = "in" + std::to_string(k++);
-    if (red.args[3].kind == Arg::Kind::kValue) bias = "in" + std::to_string(k++);
-  }
+  const char* storage = bf16 ? "uint16_t" : compute_type(group.dtype);
+  const size_t S = group.scalar_inputs.size();
   std::ostringstream os;
   os << std::setprecision(17);
   os << "extern \"C\" void " << name << "(char* const* ptrs, const double* scalars, int64_t begin, int64_t end) {\n";
   emit_pointers(os, group);
-  os << "  const int64_t n = static_cast<int64_t>(scalars[" << group.scalar_inputs.size() << "]);\n";
-  const bool buffered = x_ptr.empty() || !layer_norm;  // softmax keeps its exponentials there
+  os << "  const int64_t n = static_cast<int64_t>(scalars[" << S << "]);\n";
+  os << "  const int64_t R = static_cast<int64_t>(scalars[" << S + 1 << "]);\n";
+  os << "  const double* sizes = scalars + " << S + 2 << ";\n  const double* strides = sizes + R;\n";
+  os << "  (void)strides;\n";
+  const bool buffered = red && (x_ptr.empty() || !layer_norm);  // softmax keeps its exponentials there
   if (buffered) os << "  std::vector<float> row(static_cast<size_t>(n));\n";
   os << "  for (int64_t r = begin; r < end; ++r) {\n    const int64_t base = r * n;\n";
-  os << "    float* __restrict__ xr = " << (buffered ? "row.data()" : "nullptr") << ";\n";
-  os << "    const float* __restrict__ xin = " << (x_ptr.empty() ? "xr" : x_ptr + " + base") << ";\n";
-  if (!pro.nodes.empty() || !pro.stores.empty() || x_ptr.empty()) {
-    emit_row_loop(os, "n", [&](bool vec) {
+  if (!strided.empty()) {  // rows of broadcast inputs: the leading coordinates of row r
+    for (int k : strided) os << "    int64_t o" << k << " = 0;\n";
+    os << "    for (int64_t d = R - 1, rem = r; d >= 0; --d) {\n      const int64_t size = static_cast<int64_t>(sizes[d]);\n"
+       << "      const int64_t c = rem % size;\n      rem /= size;\n";
+    size_t pos = 0;
+    for (size_t k = 0; k < group.tensor_inputs.size(); ++k) {
+      if (kinds[k] == Operand::kColumn) continue;
+      if (kinds[k] != Operand::kElement)
+        os << "      o" << k << " += c * static_cast<int64_t>(strides[" << pos << " * R + d]);\n";
+      ++pos;
+    }
+    os << "    }\n";
+    for (int k : strided)
+      os << "    const " << storage << "* __restrict__ r" << k << " = in" << k << " + o" << k << ";\n";
+  }
+  if (red) {
+    os << "    float* __restrict__ xr = " << (buffered ? "row.data()" : "nullptr") << ";\n";
+    os << "    const float* __restrict__ xin = " << (x_ptr.empty() ? "xr" : x_ptr) << ";\n";
+  }
+  if (!red || !pro.nodes.empty() || !pro.stores.empty() || x_ptr.empty()) {
+    emit_row_loop(os, !bf16, [&](bool vec) {
       auto var = emit_body(os, g, group, pro, vec, "p");
-      if (x_ptr.empty()) {
+      if (red && x_ptr.empty()) {
         if (vec) os << "    " << var.at(x) << ".store(xr + j);\n";
         else os << "    xr[j] = " << var.at(x) << ";\n";
       }
     });
   }
+  if (!red) {
+    os << "  }\n}\n";
+    return os.str();
+  }
   // Row statistics, with Vectorized partial sums as ATen's kernels do.
   if (layer_norm) {
-    const double eps = red.args[4].constant.toDouble();
+    const double eps = red->args[4].constant.toDouble();
     os << "    Vec vs(0); float s = 0;\n";
     os << "    int64_t j = 0;\n    for (; j + Vec::size() <= n; j += Vec::size()) vs = vs + Vec::loadu(xin + j);\n";
     os << "    for (; j < n; ++j) s += xin[j];\n";
@@ -336,7 +387,7 @@ std::string generate_row_kernel(const Graph& g, const FusionGroup& group, const 
     os << (log_softmax ? "    const float shift = mx + std::log(sum);\n" : "    const float inv = 1.0f / sum;\n");
   }
   // Phase 3: the reduction's result per element, then the epilogue.
-  emit_row_loop(os, "n", [&](bool vec) {
+  emit_row_loop(os, true, [&](bool vec) {
     const std::string in = vec ? "Vec::loadu(xin + j)" : "xin[j]";
     std::string y;
     if (layer_norm) {
@@ -350,10 +401,10 @@ std::string generate_row_kernel(const Graph& g, const FusionGroup& group, const 
     }
     os << "    const " << (vec ? "Vec" : "float") << " y = " << y << ";\n";
     Body b = epi;
-    b.bound[red.outputs[0]] = "y";
+    b.bound[red->outputs[0]] = "y";
     if (layer_norm) {
-      b.bound[red.outputs[1]] = vec ? "Vec(mean)" : "mean";
-      b.bound[red.outputs[2]] = vec ? "Vec(rstd)" : "rstd";
+      b.bound[red->outputs[1]] = vec ? "Vec(mean)" : "mean";
+      b.bound[red->outputs[2]] = vec ? "Vec(rstd)" : "rstd";
     }
     emit_body(os, g, group, b, vec, "e");
   });
@@ -404,11 +455,42 @@ bool lowerable_reduction(const Graph& g, const Node& n) {
   return n.args[4].kind == Arg::Kind::kConstant && n.args[4].constant.isDouble();
 }
 
+const TensorMeta& group_shape(const Graph& g, const FusionGroup& grp) {
+  const int v = grp.reduction >= 0 ? g.nodes[grp.reduction].args[0].value : g.nodes[grp.nodes[0]].outputs[0];
+  return *g.values[v].meta;
+}
+
+std::vector<Operand> operand_kinds(const Graph& g, const FusionGroup& grp) {
+  const TensorMeta& shape = group_shape(g, grp);
+  std::vector<Operand> kinds;
+  for (int v : grp.tensor_inputs) {
+    const TensorMeta& m = *g.values[v].meta;
+    const bool last_broadcast =
+        !shape.sizes.empty() && (m.sizes.empty() || (is_one(m.sizes.back()) && !is_one(shape.sizes.back())));
+    kinds.push_back(last_broadcast ? Operand::kRowBroadcast : m.same_sizes(shape) ? Operand::kElement : Operand::kOuterBroadcast);
+  }
+  if (grp.reduction >= 0 && g.nodes[grp.reduction].target == "aten::native_layer_norm") {
+    size_t k = kinds.size();
+    for (int a = 3; a >= 2; --a)
+      if (g.nodes[grp.reduction].args[a].kind == Arg::Kind::kValue) kinds[--k] = Operand::kColumn;
+  }
+  return kinds;
+}
+
+bool loops_over_rows(const Graph& g, const FusionGroup& grp) {
+  if (grp.reduction >= 0) return true;
+  for (Operand k : operand_kinds(g, grp))
+    if (k != Operand::kElement) return true;
+  return false;
+}
+
 std::string generate_kernel(const Graph& g, const FusionGroup& group, const std::string& name) {
-  if (group.reduction >= 0) return generate_row_kernel(g, group, name);
+  if (loops_over_rows(g, group)) return generate_row_kernel(g, group, name);
   Body b;
   b.nodes = group.nodes;
-  for (size_t i = 0; i < group.tensor_inputs.size(); ++i) b.loads.emplace_back(group.tensor_inputs[i], "in" + std::to_string(i));
+  for (size_t i = 0; i < group.tensor_inputs.size(); ++i)
+    b.loads.push_back(load(group.tensor_inputs[i], "in" + std::to_string(i), "i", false,
+                           group.dtype == c10::ScalarType::BFloat16));
   for (size_t i = 0; i < group.outputs.size(); ++i) b.stores.emplace_back(group.outputs[i], "out" + std::to_string(i));
   std::ostringstream os;
   os << "extern \"C\" void " << name << "(char* const* ptrs, const double* scalars, int64_t begin, int64_t end) {\n";

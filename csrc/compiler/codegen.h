@@ -16,10 +16,23 @@ bool lowerable(const Graph& g, const Node& n);
 // over the last dim, layer norm over the last dim with optional [N] weight and bias).
 bool lowerable_reduction(const Graph& g, const Node& n);
 
+// How a fused loop reads a tensor input: at the element's index (kElement), broadcast over
+// leading dims (kOuterBroadcast: a row of the group's last dim, found per row from its
+// strides), one value per row (kRowBroadcast: its last dim broadcast), or at the element's
+// column (kColumn: a row group's [N] layer-norm weight or bias).
+enum class Operand : uint8_t { kElement, kOuterBroadcast, kRowBroadcast, kColumn };
+std::vector<Operand> operand_kinds(const Graph& g, const FusionGroup& grp);
+// The group's shape (its pointwise nodes' outputs; a row group's reduction input).
+const TensorMeta& group_shape(const Graph& g, const FusionGroup& grp);
+// Whether the group's loop runs over rows of its last dim: a row reduction, or an input that
+// is broadcast. Otherwise it runs over the flat index.
+bool loops_over_rows(const Graph& g, const FusionGroup& grp);
+
 // The group's kernel: extern "C" void <name>(char* const* ptrs, const double* scalars,
-// int64_t begin, int64_t end); ptrs are the group's tensor inputs then its outputs; [begin,
-// end) are flat indices, or rows for a row group (whose row length is the scalar after the
-// group's own).
+// int64_t begin, int64_t end); ptrs are the group's tensor inputs then its outputs. Over the
+// flat index, [begin, end) are element indices; over rows they are rows, and the group's own
+// scalars are followed by the row length n, the number R of leading dims, their sizes, and
+// per non-column input its R leading strides (elements; 0 where broadcast).
 std::string generate_kernel(const Graph& g, const FusionGroup& group, const std::string& name);
 
 // Helpers every generated translation unit starts with (bfloat16 conversions).

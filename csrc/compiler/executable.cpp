@@ -1,5 +1,6 @@
 #include "compiler/executable.h"
 
+#include <ATen/ExpandUtils.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/enum_tag.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -131,6 +132,10 @@ std::vector<int64_t> static_ints(const std::vector<SymExpr>& es) {
 Executable::Executable(Graph g, std::vector<FusionGroup> groups, std::vector<KernelFn> kernels,
                        std::vector<std::shared_ptr<SharedObject>> libraries)
     : graph_(std::move(g)), groups_(std::move(groups)), kernels_(std::move(kernels)), libraries_(std::move(libraries)) {
+  for (const auto& grp : groups_) {
+    row_loops_.push_back(loops_over_rows(graph_, grp));
+    operand_kinds_.push_back(operand_kinds(graph_, grp));
+  }
   host_value_.assign(graph_.values.size(), false);
   output_index_.assign(graph_.values.size(), -1);
   for (size_t i = 0; i < graph_.outputs.size(); ++i)
@@ -531,51 +536,80 @@ void Executable::run_node(int ni, std::vector<c10::IValue>& env, const std::vect
   for (size_t r = 0; r < n.outputs.size() && r < stack.size(); ++r) env[n.outputs[r]] = std::move(stack[r]);
 }
 
-void Executable::run_row_group(int gi, std::vector<c10::IValue>& env, const std::vector<at::Tensor>& outputs,
-                               char* arena, c10::DeviceIndex d) const {
+void Executable::run_rows(int gi, std::vector<c10::IValue>& env, const std::vector<at::Tensor>& outputs, char* arena,
+                          c10::DeviceIndex d) const {
   const FusionGroup& grp = groups_[gi];
-  const Node& red = graph_.nodes[grp.reduction];
-  // The loop reads rows of n contiguous elements: every full-shape operand dense in one shape,
-  // the layer norm's weight and bias dense [n].
-  const at::Tensor& first = env[grp.tensor_inputs.at(0)].toTensor();
-  const int64_t n = first.dim() > 0 ? first.size(-1) : 0;
-  size_t columns = 0;
-  for (int a = 2; a < 4 && red.target == "aten::native_layer_norm"; ++a) columns += red.args[a].kind == Arg::Kind::kValue;
-  bool dense = n > 0;
+  const std::vector<Operand>& kinds = operand_kinds_[gi];
+  auto library_calls = [&] {  // e.g. a transposed view as operand: the group's ops one by one
+    for (int ni : grp.nodes) run_node(ni, env, {}, nullptr, d);
+  };
+  // The group's shape: its inputs broadcast together.
+  c10::DimVector shape;
+  bool first = true, dense = true;
+  for (size_t k = 0; k < grp.tensor_inputs.size() && dense; ++k) {
+    if (kinds[k] == Operand::kColumn) continue;
+    const at::IntArrayRef sizes = env[grp.tensor_inputs[k]].toTensor().sizes();
+    try {
+      shape = first ? c10::DimVector(sizes) : at::infer_size_dimvector(shape, sizes);
+    } catch (const c10::Error&) {
+      dense = false;  // sizes that do not broadcast: the ops raise their own error
+    }
+    first = false;
+  }
+  const int64_t n = shape.empty() ? 1 : shape.back();
+  const int64_t numel = c10::multiply_integers(shape);
+  // The loop reads rows of n elements: full-shape inputs dense in the group's shape, broadcast
+  // ones dense in their own (their last dim read contiguously, or one value per row), a layer
+  // norm's weight and bias dense [n].
+  const int64_t R = shape.empty() ? 0 : static_cast<int64_t>(shape.size()) - 1;
+  std::vector<double> strides;
   for (size_t k = 0; k < grp.tensor_inputs.size() && dense; ++k) {
     const at::Tensor& t = env[grp.tensor_inputs[k]].toTensor();
-    const bool column = k >= grp.tensor_inputs.size() - columns;
-    dense = t.is_contiguous() && t.scalar_type() == at::kFloat && (column ? t.numel() == n : t.sizes() == first.sizes());
+    dense = t.is_contiguous() && t.scalar_type() == grp.dtype;
+    if (!dense || kinds[k] == Operand::kColumn) {
+      dense = dense && t.numel() == n;
+      continue;
+    }
+    if (!at::is_expandable_to(t.sizes(), shape)) {
+      dense = false;
+      break;
+    }
+    const at::Tensor e = t.expand(shape);
+    const int64_t last = e.dim() ? e.stride(-1) : 0;
+    dense = kinds[k] == Operand::kElement        ? t.sizes() == at::IntArrayRef(shape)
+            : kinds[k] == Operand::kRowBroadcast ? (last == 0 || n <= 1)
+                                                 : (last == 1 || n <= 1);
+    for (int64_t i = 0; i < R; ++i) strides.push_back(static_cast<double>(e.stride(i)));
   }
-  if (!dense) {  // e.g. a transposed view as operand: the group's ops as library calls
-    for (int ni : grp.nodes) run_node(ni, env, {}, nullptr, d);
-    return;
-  }
-  const int64_t rows = first.numel() / n;
-  std::vector<int64_t> row_sizes = first.sizes().vec();
-  row_sizes.back() = 1;  // layer norm's mean and rstd
+  if (!dense || numel == 0) return library_calls();
+  const Node* red = grp.reduction >= 0 ? &graph_.nodes[grp.reduction] : nullptr;
+  c10::DimVector row_shape = shape;
+  if (!row_shape.empty()) row_shape.back() = 1;  // layer norm's mean and rstd
   std::vector<char*> ptrs;
   for (int v : grp.tensor_inputs) ptrs.push_back(static_cast<char*>(env[v].toTensor().data_ptr()));
   for (int o : grp.outputs) {
-    const bool per_row = red.outputs.size() == 3 && (o == red.outputs[1] || o == red.outputs[2]);
-    const auto& sizes = per_row ? at::IntArrayRef(row_sizes) : first.sizes();
+    const bool per_row = red && red->outputs.size() == 3 && (o == red->outputs[1] || o == red->outputs[2]);
+    const at::IntArrayRef sizes = per_row ? at::IntArrayRef(row_shape) : at::IntArrayRef(shape);
     at::Tensor t = destination(o, outputs, arena);
-    if (!t.defined() || !t.is_contiguous() || t.sizes() != sizes) t = at::empty(sizes, first.options());
+    if (!t.defined() || !t.is_contiguous() || t.sizes() != sizes) t = at::empty(sizes, at::TensorOptions().dtype(grp.dtype));
     ptrs.push_back(static_cast<char*>(t.data_ptr()));
     env[o] = std::move(t);
   }
   std::vector<double> scalars;
   for (int v : grp.scalar_inputs) scalars.push_back(as_double(env[v]));
   scalars.push_back(static_cast<double>(n));
+  scalars.push_back(static_cast<double>(R));
+  for (int64_t i = 0; i < R; ++i) scalars.push_back(static_cast<double>(shape[i]));
+  scalars.insert(scalars.end(), strides.begin(), strides.end());
   const KernelFn fn = kernels_[gi];
-  at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / n),
+  at::parallel_for(0, numel / n, std::max<int64_t>(1, 16384 / n),
                    [&](int64_t b, int64_t e) { fn(ptrs.data(), scalars.data(), b, e); });
 }
 
 void Executable::run_group(int gi, std::vector<c10::IValue>& env, const std::vector<at::Tensor>& outputs, char* arena,
                            c10::DeviceIndex d) const {
   const FusionGroup& grp = groups_[gi];
-  if (grp.reduction >= 0) return run_row_group(gi, env, outputs, arena, d);
+  if (row_loops_[gi]) return run_rows(gi, env, outputs, arena, d);
   // The loop indexes every operand by the same flat index: it needs dense operands of one shape.
   const at::Tensor& first = env[grp.tensor_inputs.at(0)].toTensor();
   bool dense = true;

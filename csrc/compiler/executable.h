@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "compiler/codegen.h"
 #include "compiler/graph.h"
 #include "compiler/kernel_cache.h"
 #include "compiler/memory_plan.h"
@@ -55,8 +56,9 @@ class __attribute__((visibility("hidden"))) Executable : public std::enable_shar
                 c10::DeviceIndex d) const;
   void run_group(int gi, std::vector<c10::IValue>& env, const std::vector<at::Tensor>& outputs, char* arena,
                  c10::DeviceIndex d) const;
-  void run_row_group(int gi, std::vector<c10::IValue>& env, const std::vector<at::Tensor>& outputs, char* arena,
-                     c10::DeviceIndex d) const;
+  // A group whose loop runs over rows (a row reduction, broadcast inputs).
+  void run_rows(int gi, std::vector<c10::IValue>& env, const std::vector<at::Tensor>& outputs, char* arena,
+                c10::DeviceIndex d) const;
   // Where value v is written: its place in the arena or the caller's output, if it has one.
   at::Tensor destination(int v, const std::vector<at::Tensor>& outputs, char* arena) const;
   void plan();
@@ -64,6 +66,8 @@ class __attribute__((visibility("hidden"))) Executable : public std::enable_shar
   Graph graph_;
   std::vector<FusionGroup> groups_;
   std::vector<KernelFn> kernels_;
+  std::vector<bool> row_loops_;                       // per group: loops_over_rows
+  std::vector<std::vector<Operand>> operand_kinds_;   // per group: how its loop reads each input
   std::vector<std::shared_ptr<SharedObject>> libraries_;
   std::vector<Step> steps_;
   std::vector<bool> host_value_;  // scalars the host computes before launch
