@@ -365,6 +365,15 @@ def test_gemms_oneDNN_does_not_win_stay_on_aten():
     assert m["gemms"] == 0 and m["library_calls"].get("aten::mm") == 2, m
 
 
+def test_a_returned_gemm_result_is_written_in_place_by_aten():
+    # oneDNN's op allocates its result, which would then be copied into the returned buffer.
+    x, w, b, _ = _linear_inputs()
+    out = torch.compile(lambda x, w, b: F.linear(x, w, b), backend="neuron")(*(t.to("neuron") for t in (x, w, b)))
+    torch.testing.assert_close(out.cpu(), F.linear(x, w, b), rtol=1e-4, atol=1e-4)
+    m = compile_metrics()
+    assert m["gemms"] == 0 and m["out_calls"] == 1 and m["library_calls"] == {"aten::addmm": 1, "aten::permute": 1}, m
+
+
 def test_gemm_result_used_twice_keeps_its_epilogue_separate():
     x, w, b, _ = _linear_inputs()
 
@@ -406,7 +415,9 @@ def test_training_through_onednn_gemms_matches_eager():
     torch.compile(model, backend="neuron")(x.to("neuron")).square().mean().backward()
     for (name, p), q in zip(model.named_parameters(), ref.parameters()):
         torch.testing.assert_close(p.grad.cpu(), q.grad, rtol=1e-4, atol=1e-5, msg=name)
-    assert compile_metrics()["gemms"] >= 3  # forward GEMMs, the backward's grad-input GEMMs
+    # The residual GEMM of the forward, the grad-input GEMM of the backward (the first GEMM's
+    # result is saved for the backward, a graph output: ATen writes it in place).
+    assert compile_metrics()["gemms"] >= 2
 
 
 @pytest.mark.parametrize("norm_first,activation", [(False, "gelu"), (True, "relu")])

@@ -127,6 +127,21 @@ EpilogueStats fuse_epilogues(Graph& g) {
   for (int o : g.outputs)
     if (o >= 0) readers[o].push_back(-1);
   auto only_reader = [&](int v) { return readers[v].size() == 1 ? readers[v][0] : -1; };
+  // What the caller gets back (graph outputs and what they view): ATen's GEMM writes it
+  // straight into the returned buffer through its out= overload, while oneDNN's op allocates its
+  // result, which would then be copied there. So a GEMM without an epilogue whose result
+  // escapes stays ATen's.
+  std::vector<bool> escapes(g.values.size(), false);
+  for (int o : g.outputs)
+    if (o >= 0) escapes[o] = true;
+  for (size_t i = g.nodes.size(); i-- > 0;) {
+    const Node& n = g.nodes[i];
+    if (n.kind != Node::Kind::kAten || n.args.empty() || n.args[0].kind != Arg::Kind::kValue) continue;
+    bool view = n.target == "aten::_unsafe_view";
+    for (const auto& r : n.op->schema().returns()) view = view || r.alias_info() != nullptr;
+    for (int o : n.outputs)
+      if (view && escapes[o]) escapes[n.args[0].value] = true;
+  }
 
   std::map<int, Match> by_gemm;      // gemm node -> match
   std::map<int, int> by_epilogue;    // epilogue node -> gemm node
@@ -195,6 +210,7 @@ EpilogueStats fuse_epilogues(Graph& g) {
     }
     if (m.epilogue < 0) m.view = -1;  // nothing fused: the view stays where it was
     if (convolution && m.epilogue < 0) continue;  // ATen's convolution is oneDNN's already
+    if (m.epilogue < 0 && escapes[n.outputs[0]]) continue;  // (with an epilogue, either way has a pass more)
     if (m.epilogue >= 0) by_epilogue[m.epilogue] = m.gemm;
     by_gemm[m.gemm] = m;
   }
