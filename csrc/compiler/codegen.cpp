@@ -271,8 +271,9 @@ std::string generate_row_kernel(const Graph& g, const FusionGroup& group, const 
   std::set<int> after;
   if (red) after.insert(red->outputs.begin(), red->outputs.end());
   Body pro, epi;
+  const int loss = loss_node(g, group);
   for (int ni : group.nodes) {
-    if (ni == group.reduction) continue;
+    if (ni == group.reduction || ni == loss) continue;
     bool dep = false;
     for (const auto& a : g.nodes[ni].args) for_each_value(a, [&](int v) { dep = dep || after.count(v); });
     if (dep) after.insert(g.nodes[ni].outputs[0]);
@@ -287,8 +288,8 @@ std::string generate_row_kernel(const Graph& g, const FusionGroup& group, const 
     return false;
   };
   std::string x_ptr, weight, bias;  // the reduction input when read from memory; layer norm's [n] operands
+  std::string target;                // a fused loss's targets
   std::vector<int> strided;          // inputs found per row from their leading strides
-  size_t rows_with_strides = 0;      // non-column inputs (each has R strides in the scalars)
   for (size_t k = 0; k < group.tensor_inputs.size(); ++k) {
     const int v = group.tensor_inputs[k];
     const std::string in = "in" + std::to_string(k), row = "r" + std::to_string(k);
@@ -296,7 +297,10 @@ std::string generate_row_kernel(const Graph& g, const FusionGroup& group, const 
       (red->args[2].kind == Arg::Kind::kValue && red->args[2].value == v ? weight : bias) = in;
       continue;
     }
-    ++rows_with_strides;
+    if (kinds[k] == Operand::kRowIndex) {
+      target = "reinterpret_cast<const int64_t*>(ptrs[" + std::to_string(k) + "])";
+      continue;
+    }
     if (kinds[k] != Operand::kElement) strided.push_back(static_cast<int>(k));
     if (v == x) x_ptr = in + " + base";
     Load l = kinds[k] == Operand::kElement       ? load(v, in, "i", false, bf16)
@@ -309,6 +313,7 @@ std::string generate_row_kernel(const Graph& g, const FusionGroup& group, const 
   for (size_t k = 0; k < group.outputs.size(); ++k) {
     const int v = group.outputs[k];
     const std::string out = "out" + std::to_string(k);
+    if (loss >= 0 && (v == g.nodes[loss].outputs[0] || v == g.nodes[loss].outputs[1])) continue;  // set by the host
     if (layer_norm && v == red->outputs[1]) mean_out = out;
     else if (layer_norm && v == red->outputs[2]) rstd_out = out;
     else if ((red && v == red->outputs[0]) || after.count(v)) epi.stores.emplace_back(v, out);
@@ -333,7 +338,7 @@ std::string generate_row_kernel(const Graph& g, const FusionGroup& group, const 
        << "      const int64_t c = rem % size;\n      rem /= size;\n";
     size_t pos = 0;
     for (size_t k = 0; k < group.tensor_inputs.size(); ++k) {
-      if (kinds[k] == Operand::kColumn) continue;
+      if (kinds[k] == Operand::kColumn || kinds[k] == Operand::kRowIndex) continue;
       if (kinds[k] != Operand::kElement)
         os << "      o" << k << " += c * static_cast<int64_t>(strides[" << pos << " * R + d]);\n";
       ++pos;
@@ -408,6 +413,15 @@ std::string generate_row_kernel(const Graph& g, const FusionGroup& group, const 
     }
     emit_body(os, g, group, b, vec, "e");
   });
+  if (loss >= 0) {  // this row's -log_softmax at its target (0, weight 0 at ignore_index)
+    const size_t extra = group.tensor_inputs.size() + group.outputs.size();
+    os << "    {\n      const int64_t t = " << target << "[r];\n      float l = 0, w = 0;\n";
+    os << "      if (t != " << g.nodes[loss].args[4].constant.toInt() << "LL) {\n";
+    os << "        if (t < 0 || t >= n) *reinterpret_cast<int64_t*>(ptrs[" << extra + 2 << "]) = t;\n";
+    os << "        else { l = -(xin[t] - shift); w = 1; }\n      }\n";
+    os << "      reinterpret_cast<float*>(ptrs[" << extra << "])[r] = l;\n";
+    os << "      reinterpret_cast<float*>(ptrs[" << extra + 1 << "])[r] = w;\n    }\n";
+  }
   os << "  }\n}\n";
   return os.str();
 }
@@ -455,6 +469,27 @@ bool lowerable_reduction(const Graph& g, const Node& n) {
   return n.args[4].kind == Arg::Kind::kConstant && n.args[4].constant.isDouble();
 }
 
+bool lowerable_loss(const Graph& g, const Node& n, const Node& red) {
+  if (n.kind != Node::Kind::kAten || n.target != "aten::nll_loss_forward" || n.args.size() != 5 ||
+      n.outputs.size() != 2 || red.target != "aten::_log_softmax" || n.args[0].kind != Arg::Kind::kValue ||
+      n.args[0].value != red.outputs[0] || n.args[1].kind != Arg::Kind::kValue)
+    return false;
+  const TensorMeta& lsm = *g.values[red.outputs[0]].meta;
+  const Value& t = g.values[n.args[1].value];
+  return lsm.sizes.size() == 2 && t.kind == Value::Kind::kTensor && t.meta && t.meta->dtype == c10::ScalarType::Long &&
+         t.meta->sizes.size() == 1 && t.meta->sizes[0].postfix == lsm.sizes[0].postfix &&
+         n.args[2].kind == Arg::Kind::kConstant && n.args[2].constant.isNone() && n.args[3].kind == Arg::Kind::kConstant &&
+         n.args[3].constant.isInt() && n.args[3].constant.toInt() >= 0 && n.args[3].constant.toInt() <= 2 &&
+         n.args[4].kind == Arg::Kind::kConstant && n.args[4].constant.isInt();
+}
+
+int loss_node(const Graph& g, const FusionGroup& grp) {
+  if (grp.reduction < 0) return -1;
+  for (int ni : grp.nodes)
+    if (ni != grp.reduction && lowerable_loss(g, g.nodes[ni], g.nodes[grp.reduction])) return ni;
+  return -1;
+}
+
 const TensorMeta& group_shape(const Graph& g, const FusionGroup& grp) {
   const int v = grp.reduction >= 0 ? g.nodes[grp.reduction].args[0].value : g.nodes[grp.nodes[0]].outputs[0];
   return *g.values[v].meta;
@@ -469,6 +504,9 @@ std::vector<Operand> operand_kinds(const Graph& g, const FusionGroup& grp) {
         !shape.sizes.empty() && (m.sizes.empty() || (is_one(m.sizes.back()) && !is_one(shape.sizes.back())));
     kinds.push_back(last_broadcast ? Operand::kRowBroadcast : m.same_sizes(shape) ? Operand::kElement : Operand::kOuterBroadcast);
   }
+  if (const int l = loss_node(g, grp); l >= 0)
+    for (size_t k = 0; k < grp.tensor_inputs.size(); ++k)
+      if (grp.tensor_inputs[k] == g.nodes[l].args[1].value) kinds[k] = Operand::kRowIndex;
   if (grp.reduction >= 0 && g.nodes[grp.reduction].target == "aten::native_layer_norm") {
     size_t k = kinds.size();
     for (int a = 3; a >= 2; --a)

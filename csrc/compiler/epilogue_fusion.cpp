@@ -13,6 +13,9 @@ namespace {
 // per-call setup (and the weight reorder a column-major weight needs) is not amortized.
 constexpr double kMinMacs = 1 << 26;
 constexpr double kMinRows = 64;
+// A convolution's post-op saves one pass over its output: below this many elements (a squeeze-
+// excitation's 1x1 convolutions, say) there is nothing to save.
+constexpr double kMinConvOutput = 1 << 16;
 
 std::optional<c10::OperatorHandle> op(const char* name, const char* overload) {
   return c10::Dispatcher::singleton().findSchema({name, overload});
@@ -72,9 +75,13 @@ std::string unary_attr(const Node& n, std::string& algorithm) {
 // weight, constant geometry, not transposed, no output padding.
 bool convolution_eligible(const Graph& g, const Node& n) {
   const TensorMeta *x = tensor_meta(g, n.args[0]), *w = tensor_meta(g, n.args[1]);
-  if (!x || !w || x->sizes.size() != 4 || w->sizes.size() != 4 || !x->is_static_contiguous() ||
-      !w->is_static_contiguous() || x->dtype != c10::ScalarType::Float || w->dtype != x->dtype)
+  const TensorMeta* y = g.values[n.outputs[0]].meta ? &*g.values[n.outputs[0]].meta : nullptr;
+  if (!x || !w || !y || x->sizes.size() != 4 || w->sizes.size() != 4 || !x->is_static_contiguous() ||
+      !w->is_static_contiguous() || x->dtype != c10::ScalarType::Float || w->dtype != x->dtype || !y->is_static())
     return false;
+  double elements = 1;
+  for (const auto& e : y->sizes) elements *= num(e);
+  if (elements < kMinConvOutput) return false;
   if (n.args[2].kind == Arg::Kind::kValue) {
     const TensorMeta* b = tensor_meta(g, n.args[2]);
     if (!b || b->dtype != x->dtype || b->sizes.size() != 1) return false;

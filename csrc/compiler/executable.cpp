@@ -6,6 +6,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
+#include <ATen/ops/full.h>
 #include <ATen/ops/from_blob.h>
 #include <ATen/ops/scalar_tensor.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
@@ -15,6 +16,7 @@
 #include <cmath>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <numeric>
 #include <set>
 #include <sstream>
@@ -134,6 +136,7 @@ Executable::Executable(Graph g, std::vector<FusionGroup> groups, std::vector<Ker
     : graph_(std::move(g)), groups_(std::move(groups)), kernels_(std::move(kernels)), libraries_(std::move(libraries)) {
   for (const auto& grp : groups_) {
     row_loops_.push_back(loops_over_rows(graph_, grp));
+    loss_nodes_.push_back(loss_node(graph_, grp));
     operand_kinds_.push_back(operand_kinds(graph_, grp));
   }
   host_value_.assign(graph_.values.size(), false);
@@ -264,7 +267,9 @@ void Executable::plan() {
       for (int o : n.outputs) first[o] = step;
       if (out_op_[steps_[s].index]) {
         const auto& m = graph_.values[n.outputs[0]].meta;
-        candidate[n.outputs[0]] = m && m->is_static();
+        // Row-major only: ATen's out= kernels do not all honour other strides (CPU's gelu.out
+        // writes a transposed `out` wrongly when its input is laid out differently).
+        candidate[n.outputs[0]] = m && m->is_static_contiguous();
       }
     }
   }
@@ -294,9 +299,8 @@ at::Tensor Executable::destination(int v, const std::vector<at::Tensor>& outputs
   const int oi = output_index_[v];
   if (oi < 0 || oi >= static_cast<int>(outputs.size()) || !outputs[oi].defined()) return {};
   const at::Tensor& t = outputs[oi];
-  for (int64_t i = 0; i < t.dim(); ++i)
-    if (t.stride(i) == 0 && t.size(i) > 1) return {};  // expanded: one location, many elements
-  return t;
+  // Row-major only (as arena slots): other layouts are written by copying at the end.
+  return t.is_contiguous() ? t : at::Tensor();
 }
 
 namespace {
@@ -316,8 +320,8 @@ class ExecKernel final : public rt::Kernel {
       // Under torch.profiler each step of the program is reported as a device kernel of its own.
       reported_steps = rt::observing();
       exe_->execute(env_, outputs_, arena_cpu_, device_, reported_steps);
-    } catch (const c10::Error& e) {
-      throw std::runtime_error(e.what_without_backtrace());
+    } catch (const c10::Error& e) {  // raised at synchronization as the same Python type
+      throw rt::KernelError(e.what_without_backtrace(), static_cast<int>(kernel_error_kind(e)));
     }
     env_.clear();
     outputs_.clear();
@@ -547,7 +551,7 @@ void Executable::run_rows(int gi, std::vector<c10::IValue>& env, const std::vect
   c10::DimVector shape;
   bool first = true, dense = true;
   for (size_t k = 0; k < grp.tensor_inputs.size() && dense; ++k) {
-    if (kinds[k] == Operand::kColumn) continue;
+    if (kinds[k] == Operand::kColumn || kinds[k] == Operand::kRowIndex) continue;
     const at::IntArrayRef sizes = env[grp.tensor_inputs[k]].toTensor().sizes();
     try {
       shape = first ? c10::DimVector(sizes) : at::infer_size_dimvector(shape, sizes);
@@ -565,6 +569,10 @@ void Executable::run_rows(int gi, std::vector<c10::IValue>& env, const std::vect
   std::vector<double> strides;
   for (size_t k = 0; k < grp.tensor_inputs.size() && dense; ++k) {
     const at::Tensor& t = env[grp.tensor_inputs[k]].toTensor();
+    if (kinds[k] == Operand::kRowIndex) {  // a loss's targets
+      dense = t.is_contiguous() && t.scalar_type() == at::kLong && t.dim() == 1 && t.numel() * n == numel;
+      continue;
+    }
     dense = t.is_contiguous() && t.scalar_type() == grp.dtype;
     if (!dense || kinds[k] == Operand::kColumn) {
       dense = dense && t.numel() == n;
@@ -585,11 +593,19 @@ void Executable::run_rows(int gi, std::vector<c10::IValue>& env, const std::vect
   const Node* red = grp.reduction >= 0 ? &graph_.nodes[grp.reduction] : nullptr;
   c10::DimVector row_shape = shape;
   if (!row_shape.empty()) row_shape.back() = 1;  // layer norm's mean and rstd
+  const int loss = loss_nodes_[gi];
+  const int64_t rows = numel / n;
   std::vector<char*> ptrs;
   for (int v : grp.tensor_inputs) ptrs.push_back(static_cast<char*>(env[v].toTensor().data_ptr()));
   for (int o : grp.outputs) {
     const bool per_row = red && red->outputs.size() == 3 && (o == red->outputs[1] || o == red->outputs[2]);
-    const at::IntArrayRef sizes = per_row ? at::IntArrayRef(row_shape) : at::IntArrayRef(shape);
+    const bool loss_value = loss >= 0 && (o == graph_.nodes[loss].outputs[0] || o == graph_.nodes[loss].outputs[1]);
+    const bool per_row_loss = loss_value && o == graph_.nodes[loss].outputs[0] && graph_.nodes[loss].args[3].constant.toInt() == 0;
+    const c10::DimVector rows_only{rows};
+    const at::IntArrayRef sizes = per_row_loss ? at::IntArrayRef(rows_only)
+                                  : loss_value ? at::IntArrayRef()
+                                  : per_row    ? at::IntArrayRef(row_shape)
+                                               : at::IntArrayRef(shape);
     at::Tensor t = destination(o, outputs, arena);
     if (!t.defined() || !t.is_contiguous() || t.sizes() != sizes) t = at::empty(sizes, at::TensorOptions().dtype(grp.dtype));
     ptrs.push_back(static_cast<char*>(t.data_ptr()));
@@ -601,9 +617,35 @@ void Executable::run_rows(int gi, std::vector<c10::IValue>& env, const std::vect
   scalars.push_back(static_cast<double>(R));
   for (int64_t i = 0; i < R; ++i) scalars.push_back(static_cast<double>(shape[i]));
   scalars.insert(scalars.end(), strides.begin(), strides.end());
+  // A fused loss: each row's loss and weight, and a slot for a target out of range.
+  at::Tensor losses, weights, bad;
+  if (loss >= 0) {
+    losses = at::empty({rows}, at::kFloat);
+    weights = at::empty({rows}, at::kFloat);
+    bad = at::full({1}, std::numeric_limits<int64_t>::min(), at::kLong);
+    for (const at::Tensor* t : {&losses, &weights, &bad}) ptrs.push_back(static_cast<char*>(t->data_ptr()));
+  }
   const KernelFn fn = kernels_[gi];
-  at::parallel_for(0, numel / n, std::max<int64_t>(1, 16384 / n),
+  at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / n),
                    [&](int64_t b, int64_t e) { fn(ptrs.data(), scalars.data(), b, e); });
+  if (loss < 0) return;
+  const int64_t target = bad.item<int64_t>();
+  TORCH_CHECK_INDEX(target == std::numeric_limits<int64_t>::min(), "Target ", target, " is out of bounds.");
+  // As nll_loss_forward: per-row losses (reduction none, total weight 0), or their sum and the
+  // number of rows counted (sum), or the sum divided by that number (mean).
+  const Node& l = graph_.nodes[loss];
+  const int64_t reduction = l.args[3].constant.toInt();
+  const double total = reduction == 0 ? 0.0 : losses.sum(at::kDouble).item<double>();
+  const double count = reduction == 0 ? 0.0 : weights.sum(at::kDouble).item<double>();
+  for (int o : grp.outputs) {
+    if (o == l.outputs[0]) {
+      at::Tensor& t = env[o].toTensor();
+      if (reduction == 0) t.copy_(losses);
+      else t.fill_(reduction == 1 ? total / count : total);
+    } else if (o == l.outputs[1]) {
+      env[o].toTensor().fill_(count);
+    }
+  }
 }
 
 void Executable::run_group(int gi, std::vector<c10::IValue>& env, const std::vector<at::Tensor>& outputs, char* arena,

@@ -67,6 +67,7 @@ class __attribute__((visibility("hidden"))) Executable : public std::enable_shar
   std::vector<FusionGroup> groups_;
   std::vector<KernelFn> kernels_;
   std::vector<bool> row_loops_;                       // per group: loops_over_rows
+  std::vector<int> loss_nodes_;                       // per group: its fused loss node, or -1
   std::vector<std::vector<Operand>> operand_kinds_;   // per group: how its loop reads each input
   std::vector<std::shared_ptr<SharedObject>> libraries_;
   std::vector<Step> steps_;

@@ -6,6 +6,7 @@
 #include <functional>
 #include <map>
 #include <set>
+#include <tuple>
 #include <sstream>
 
 #include "compiler/codegen.h"
@@ -241,17 +242,24 @@ std::vector<std::vector<int>> row_groups(const Graph& g, std::vector<std::vector
     if (epi >= 0 && (taken[epi] || g.values[g.nodes[runs[epi][0]].outputs[0]].meta->dtype != c10::ScalarType::Float ||
                      !g.values[g.nodes[runs[epi][0]].outputs[0]].meta->same_sizes(*g.values[x].meta)))
       epi = -1;
-    auto nodes_of = [&](int p, int e) {
+    // Cross-entropy: the nll_loss reading a log_softmax gathers each row's target value.
+    int loss = -1;
+    for (size_t k = i + 1; k < g.nodes.size() && loss < 0; ++k)
+      if (lowerable_loss(g, g.nodes[k], red)) loss = static_cast<int>(k);
+    auto nodes_of = [&](int p, int e, int l) {
       std::vector<int> nodes;
       if (p >= 0) nodes = runs[p];
       nodes.push_back(static_cast<int>(i));
       if (e >= 0) nodes.insert(nodes.end(), runs[e].begin(), runs[e].end());
+      if (l >= 0) nodes.push_back(l);
       std::sort(nodes.begin(), nodes.end());
       return nodes;
     };
-    for (auto [p, e] : {std::pair{pro, epi}, std::pair{pro, -1}, std::pair{-1, epi}}) {
-      if (p < 0 && e < 0) continue;  // a reduction alone: ATen's kernel is as good
-      auto nodes = nodes_of(p, e);
+    for (auto [p, e, l] : {std::tuple{pro, epi, loss}, std::tuple{pro, -1, loss}, std::tuple{-1, epi, loss},
+                           std::tuple{-1, -1, loss}, std::tuple{pro, epi, -1}, std::tuple{pro, -1, -1},
+                           std::tuple{-1, epi, -1}}) {
+      if (p < 0 && e < 0 && l < 0) continue;  // a reduction alone: ATen's kernel is as good
+      auto nodes = nodes_of(p, e, l);
       if (!movable_to_last(g, nodes)) continue;
       if (p >= 0) taken[p] = true;
       if (e >= 0) taken[e] = true;
