@@ -1,5 +1,6 @@
 """The Dynamo backend ``neuron``: AOTAutograd around the C++ compiler."""
 import contextlib
+import contextvars
 import functools
 import hashlib
 import os
@@ -156,8 +157,43 @@ def neuron_backend(gm, example_inputs, **kwargs):
     with torch._functorch.config.patch(bundled_autograd_cache=True, force_non_lazy_backward_lowering=True,
                                        enable_autograd_cache=not _debug_dir()), \
             torch.compiler.config.patch(cache_key_tag=f"{tag}|{_cache_key_tag()}" if tag else _cache_key_tag()), \
-            _graph_cache():
+            _graph_cache(), _compiling():
         return backend(gm, example_inputs)
+
+
+_COMPILING = contextvars.ContextVar("torch_neuronx_compiling", default=False)
+
+
+@contextlib.contextmanager
+def _compiling():
+    token = _COMPILING.set(True)
+    try:
+        yield
+    finally:
+        _COMPILING.reset(token)
+
+
+def _guard_graph_cache():
+    """Entries whose outputs alias are not written to AOTAutograd's cache for the neuron backend:
+    AOTAutograd regenerates such outputs by replaying the views it recorded, and replayed from a
+    loaded entry those read garbage sizes (torch 2.13; regenerating with as_strided instead is
+    wrong for some graphs). Such graphs compile again in a new process."""
+    from torch._functorch._aot_autograd.autograd_cache import AOTAutogradCache
+
+    save = AOTAutogradCache.save
+    if getattr(save, "_neuronx", False):
+        return
+
+    def guarded(key, entry, remote):
+        meta = getattr(entry, "runtime_metadata", None)
+        if _COMPILING.get() and meta is not None and any(
+                getattr(o, "view_meta_sequence", None) is not None for o in meta.output_info):
+            metrics.record_graph_cache_skip()
+            return None
+        return save(key, entry, remote)
+
+    guarded._neuronx = True
+    AOTAutogradCache.save = staticmethod(guarded)
 
 
 def _host_only_functions():
@@ -177,3 +213,4 @@ def _host_only_functions():
 
 
 _host_only_functions()
+_guard_graph_cache()

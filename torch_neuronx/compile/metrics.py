@@ -6,7 +6,7 @@ _lock = threading.Lock()
 
 
 def _fresh():
-    return {"compiles": 0, "cache_hits": 0, "graph_cache_hits": 0, "kernels_built": 0, "kernel_cache_hits": 0, "kernel_cache_corrupt": 0,
+    return {"compiles": 0, "cache_hits": 0, "graph_cache_hits": 0, "graph_cache_skips": 0, "kernels_built": 0, "kernel_cache_hits": 0, "kernel_cache_corrupt": 0,
             "recompiles": 0, "recompile_reasons": [], "compile_seconds": 0.0, "fused_groups": 0, "fused_nodes": 0,
             "fused_row_groups": 0, "gemms": 0, "convolutions": 0, "epilogues": 0,
             "library_calls": collections.Counter(), "out_calls": 0, "views_simplified": 0, "constants_folded": 0, "arena_bytes": 0, "planned_bytes": 0,
@@ -45,6 +45,11 @@ def record_graph_cache_hit():
         _m["graph_cache_hits"] += 1
 
 
+def record_graph_cache_skip():
+    with _lock:
+        _m["graph_cache_skips"] += 1
+
+
 def record_frontend_seconds(seconds):
     with _lock:
         _m["compile_seconds"] += seconds
@@ -65,7 +70,8 @@ def record_eager(reason):
 def compile_metrics():
     """A snapshot of the counters: compiles, executable cache hits (every kernel loaded from the
     disk cache), graph cache hits (a graph loaded from AOTAutograd's cache in a new process,
-    without tracing or exporting it again), kernels built, recompiles with Dynamo's reasons, compile seconds (AOT + compiler),
+    without tracing or exporting it again; graph_cache_skips: graphs with aliased outputs, which
+    are not cached), kernels built, recompiles with Dynamo's reasons, compile seconds (AOT + compiler),
     fused groups/nodes (row groups: a softmax, log_softmax or layer norm fused with the pointwise
     ops around it), GEMMs run as oneDNN matmuls, convolutions run with a fused
     epilogue, and the pointwise epilogues fused into both (activation, residual add), library

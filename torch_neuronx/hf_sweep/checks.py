@@ -51,6 +51,26 @@ def _cpu(fn, what):
         raise Outcome("cpu-fail", f"{what} on CPU: {_first_line(e)}") from None
 
 
+def _float64_grads(model, inputs):
+    """The CPU model's gradients in float64: the reference that tells how far float32 itself is
+    from the exact gradient."""
+    model = copy.deepcopy(model).double().train()
+    x = {k: v.double() if v.is_floating_point() else v for k, v in inputs.items()}
+    model(**x).loss.backward()
+    return {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+
+def _as_accurate_as_cpu(got, cpu, exact):
+    """A gradient that misses the float32 tolerance against CPU passes when CPU's float32 gradient
+    is itself that far from the float64 one (ill-conditioned: batch norm over a tiny batch): neuron's
+    error against float64 must be at most twice CPU's, plus the gradient tolerance."""
+    if exact is None:
+        return False
+    got_err = (got.detach().cpu().double() - exact).abs().max().item()
+    cpu_err = (cpu.detach().double() - exact).abs().max().item()
+    return got_err <= 2 * cpu_err + GRAD_ATOL
+
+
 def _to(obj, device):
     if isinstance(obj, torch.Tensor):
         return obj.to(device)
@@ -142,6 +162,7 @@ class Arch:
         ref_loss, ref_grads, ref_params = _cpu(lambda: step(cpu, inputs), "training step")
         loss, grads, params = step(dev, _to(inputs, DEVICE))
         bitwise = assert_same(loss, ref_loss, "loss", rtol=RTOL, atol=ATOL)
+        exact = None
         for n, g in ref_grads.items():
             if g is None and grads[n] is not None and self.compiled and not grads[n].any():
                 continue  # AOTAutograd gives a parameter the forward did not use a zero gradient, not None
@@ -149,7 +170,15 @@ class Arch:
                 if (g is None) != (grads[n] is None):
                     raise AssertionError(f"grad of {n}: {'missing' if grads[n] is None else 'unexpected'} on neuron")
                 continue
-            bitwise &= assert_same(grads[n], g, f"grad of {n}", check_strides=False, rtol=GRAD_RTOL, atol=GRAD_ATOL)
+            try:
+                bitwise &= assert_same(grads[n], g, f"grad of {n}", check_strides=False, rtol=GRAD_RTOL,
+                                       atol=GRAD_ATOL)
+            except AssertionError:
+                if exact is None:
+                    exact = _cpu(lambda: _float64_grads(cpu0, inputs), "float64 reference")
+                if not _as_accurate_as_cpu(grads[n], g, exact.get(n)):
+                    raise
+                bitwise = False
         for n, p in ref_params.items():
             bitwise &= assert_same(params[n].detach(), p.detach(), f"{n} after SGD", check_strides=False,
                                    rtol=GRAD_RTOL, atol=GRAD_ATOL)

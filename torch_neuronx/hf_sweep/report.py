@@ -76,6 +76,9 @@ def markdown(records, meta):
            "training step (loss, every gradient, the parameters after an SGD step) and greedy `generate()` of "
            "8 new tokens with the KV cache. Mode `eager` runs the model as is; mode `compile` runs the neuron "
            "model under `torch.compile(backend=\"neuron\")` against CPU eager. "
+           "Tolerances: 1e-4 for logits and loss, 1e-3 relative for gradients; a gradient outside that "
+           "passes when it is as accurate as CPU's own float32 gradient (its error against a float64 CPU "
+           "reference at most twice CPU's), as with batch norm over a tiny batch. "
            "An architecture passes a mode when every check does. `cpu` means the CPU reference itself fails with "
            "the tiny config; such architectures are listed with the reason and not counted. `✓ ≈` is a generation "
            "that diverged only at a tie of the top two logits.", "",
