@@ -490,10 +490,14 @@ int loss_node(const Graph& g, const FusionGroup& grp) {
   return -1;
 }
 
+namespace {
+// The group's shape (its pointwise nodes' outputs; a row group's reduction input).
 const TensorMeta& group_shape(const Graph& g, const FusionGroup& grp) {
   const int v = grp.reduction >= 0 ? g.nodes[grp.reduction].args[0].value : g.nodes[grp.nodes[0]].outputs[0];
   return *g.values[v].meta;
 }
+
+}  // namespace
 
 std::vector<Operand> operand_kinds(const Graph& g, const FusionGroup& grp) {
   const TensorMeta& shape = group_shape(g, grp);

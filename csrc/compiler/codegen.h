@@ -28,8 +28,6 @@ int loss_node(const Graph& g, const FusionGroup& grp);
 // kRowIndex: a fused loss's int64 target, one per row.
 enum class Operand : uint8_t { kElement, kOuterBroadcast, kRowBroadcast, kColumn, kRowIndex };
 std::vector<Operand> operand_kinds(const Graph& g, const FusionGroup& grp);
-// The group's shape (its pointwise nodes' outputs; a row group's reduction input).
-const TensorMeta& group_shape(const Graph& g, const FusionGroup& grp);
 // Whether the group's loop runs over rows of its last dim: a row reduction, or an input that
 // is broadcast. Otherwise it runs over the flat index.
 bool loops_over_rows(const Graph& g, const FusionGroup& grp);

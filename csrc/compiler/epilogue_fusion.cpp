@@ -4,6 +4,7 @@
 
 #include <map>
 #include <optional>
+#include <set>
 
 namespace neuronx::compiler {
 
@@ -107,6 +108,25 @@ bool convolution_eligible(const Graph& g, const Node& n) {
          ints(n.args[7], 2, true) && n.args[8].kind == Arg::Kind::kConstant && n.args[8].constant.isInt();
 }
 
+// A float32 mm/addmm oneDNN's linear takes and beats ATen's BLAS call on: row-major left
+// operand, row- or column-major right operand, large enough, and (addmm) a plain bias vector.
+bool gemm_eligible(const Graph& g, const Node& n) {
+  const bool addmm = n.target == "aten::addmm";
+  const int ai = addmm ? 1 : 0;
+  const TensorMeta *a = tensor_meta(g, n.args[ai]), *b = tensor_meta(g, n.args[ai + 1]);
+  const TensorMeta* out = g.values[n.outputs[0]].meta ? &*g.values[n.outputs[0]].meta : nullptr;
+  if (!a || !b || !out || !dense_2d(*a, false) || !(dense_2d(*b, false) || dense_2d(*b, true)) ||
+      out->dtype != c10::ScalarType::Float)
+    return false;
+  const double rows = num(a->sizes[0]), inner = num(a->sizes[1]), cols = num(b->sizes[1]);
+  if (rows * inner * cols < kMinMacs || rows < kMinRows) return false;
+  if (!addmm) return true;
+  // oneDNN adds a bias vector: addmm with beta = alpha = 1 over a [cols] bias.
+  const TensorMeta* bias = tensor_meta(g, n.args[0]);
+  return is_one(n.args[3]) && is_one(n.args[4]) && bias && bias->dtype == out->dtype && bias->sizes.size() == 1 &&
+         bias->is_static() && num(bias->sizes[0]) == cols && num(bias->strides[0]) == 1;
+}
+
 struct Match {
   int gemm = -1, view = -1, epilogue = -1;  // node indices: the GEMM or convolution, the view and
                                             // the epilogue (-1 if none)
@@ -152,28 +172,15 @@ EpilogueStats fuse_epilogues(Graph& g) {
 
   std::map<int, Match> by_gemm;      // gemm node -> match
   std::map<int, int> by_epilogue;    // epilogue node -> gemm node
-  std::vector<bool> removed(g.nodes.size(), false);
+  std::set<int> fused_views;         // views moved after their fused call
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     const Node& n = g.nodes[i];
     const bool mm = n.target == "aten::mm", addmm = n.target == "aten::addmm";
     const bool convolution = n.target == "aten::convolution";
     if (n.kind != Node::Kind::kAten || (!mm && !addmm && !convolution) || n.outputs.size() != 1) continue;
     if (convolution && !convolution_eligible(g, n)) continue;
-    const int ai = addmm ? 1 : 0;
-    const TensorMeta *a = tensor_meta(g, n.args[ai]), *b = tensor_meta(g, n.args[ai + 1]);
-    const TensorMeta* out = g.values[n.outputs[0]].meta ? &*g.values[n.outputs[0]].meta : nullptr;
-    if (!convolution && (!a || !b || !out || !dense_2d(*a, false) || !(dense_2d(*b, false) || dense_2d(*b, true)) ||
-                         out->dtype != c10::ScalarType::Float))
-      continue;
-    const double rows = convolution ? 0 : num(a->sizes[0]), inner = convolution ? 0 : num(a->sizes[1]),
-                 cols = convolution ? 0 : num(b->sizes[1]);
-    if (!convolution && (rows * inner * cols < kMinMacs || rows < kMinRows)) continue;
-    if (addmm) {  // oneDNN adds a bias vector: addmm with beta = alpha = 1 over a [cols] bias
-      const TensorMeta* bias = tensor_meta(g, n.args[0]);
-      if (!is_one(n.args[3]) || !is_one(n.args[4]) || !bias || bias->dtype != out->dtype || bias->sizes.size() != 1 ||
-          !bias->is_static() || num(bias->sizes[0]) != cols || num(bias->strides[0]) != 1)
-        continue;
-    }
+    if (!convolution && !gemm_eligible(g, n)) continue;
+    const TensorMeta* out = &*g.values[n.outputs[0]].meta;
     Match m;
     m.gemm = static_cast<int>(i);
     // The epilogue: the GEMM result's only reader (through one reshaping view) when that is a
@@ -219,6 +226,7 @@ EpilogueStats fuse_epilogues(Graph& g) {
     if (convolution && m.epilogue < 0) continue;  // ATen's convolution is oneDNN's already
     if (m.epilogue < 0 && escapes[n.outputs[0]]) continue;  // (with an epilogue, either way has a pass more)
     if (m.epilogue >= 0) by_epilogue[m.epilogue] = m.gemm;
+    if (m.view >= 0) fused_views.insert(m.view);
     by_gemm[m.gemm] = m;
   }
   if (by_gemm.empty()) return stats;
@@ -320,9 +328,7 @@ EpilogueStats fuse_epilogues(Graph& g) {
       emit(by_gemm.at(ep->second), nodes);
       continue;
     }
-    bool fused_view = false;
-    for (const auto& [_, m] : by_gemm) fused_view = fused_view || m.view == ii;
-    if (!fused_view) nodes.push_back(std::move(g.nodes[i]));
+    if (!fused_views.count(ii)) nodes.push_back(std::move(g.nodes[i]));
   }
   g.nodes = std::move(nodes);
   return stats;
