@@ -11,8 +11,10 @@ namespace neuronx::rt {
 
 Device::Device(int index, int physical, size_t hbm)
     : index_(index), physical_(physical), allocator_(index, hbm),
+      // The host issues compute ops microseconds apart; collectives come far
+      // apart, and a polling thread would take a core from the transport.
       compute_(index, "neuron:" + std::to_string(index) + "/compute"),
-      collectives_(index, "neuron:" + std::to_string(index) + "/collectives") {}
+      collectives_(index, "neuron:" + std::to_string(index) + "/collectives", 0) {}
 
 Queue& Device::collective_queue() {
   std::lock_guard<std::mutex> g(mu_);

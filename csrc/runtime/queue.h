@@ -129,7 +129,11 @@ class Queue {
 
 class Engine {
  public:
-  Engine(int device, std::string name);
+  // spin_ns: how long the thread polls for new work before it sleeps (the
+  // host usually submits the next op within microseconds, and a futex
+  // wake-up costs more than that).
+  static constexpr int64_t kDefaultSpinNs = 20000;
+  Engine(int device, std::string name, int64_t spin_ns = kDefaultSpinNs);
   ~Engine();
   void attach(Queue* q);
   static void wake_all();  // an event completed: blocked queues may be ready
@@ -143,6 +147,7 @@ class Engine {
 
   const int device_;
   const std::string name_;
+  const int64_t spin_ns_;
   mutable std::mutex mu_;
   std::condition_variable work_cv_, done_cv_;
   std::vector<Queue*> queues_;

@@ -59,6 +59,22 @@ TEST(Event, RecordQuerySynchronize) {
   EXPECT_TRUE(ev->reached(1));
 }
 
+TEST(Event, RecordOnIdleQueueIsReachedAtOnce) {
+  // Nothing queued: the record is complete on return, without a task for the
+  // engine (as cudaEventRecord on an idle stream); a wait on it enqueues nothing.
+  Rig rig;
+  rt::Queue& q = rig.add(0), &other = rig.add(1);
+  q.launch(fn("done first", [] {}));
+  q.synchronize();
+  auto ev = rt::Event::create(false);
+  ev->record(q);
+  EXPECT_TRUE(ev->query());
+  EXPECT_EQ(q.pending(), 0u);
+  ev->block(other);
+  EXPECT_EQ(other.pending(), 0u);
+  EXPECT_NO_THROW(ev->synchronize());
+}
+
 TEST(Event, QueryRefersToLatestRecord) {
   SKIP_IF_LAUNCH_BLOCKING();
   Rig rig;
