@@ -41,7 +41,9 @@ class Completer {
   using Done = std::function<void(const std::string* error)>;  // nullptr: success
   Completer();
   ~Completer();
-  void add(c10::intrusive_ptr<c10d::Work> work, Done done);
+  // `on_future`: the work's future is completed by the transport's worker
+  // thread, and `done` runs there instead of on this thread.
+  void add(c10::intrusive_ptr<c10d::Work> work, Done done, bool on_future);
   // Waits until every group's completions have run (at interpreter exit).
   static bool drain(std::chrono::milliseconds timeout);
 
