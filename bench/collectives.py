@@ -26,7 +26,9 @@ OPS = ("all_reduce", "all_gather_into_tensor")
 
 
 def _iters(nbytes):
-    return max(2, min(200, (64 << 20) // nbytes))
+    # About 256 MB per sample (a quarter second or more): shorter samples on this shared 2-core
+    # machine varied by 30% from one repetition to the next.
+    return max(2, min(1000, (256 << 20) // nbytes))
 
 
 def _buffers(nbytes):
@@ -44,9 +46,11 @@ def rank_main(args):
     gloo = dist.new_group(backend="gloo")
     world = dist.get_world_size()
     sizes = [s for s in SIZES if s <= (1 << 20)] if args.quick else SIZES
+    if args.sizes:
+        sizes = [s for s in sizes if s in args.sizes]
     reps = 2 if args.quick else args.reps
     rows = []
-    for op in OPS:
+    for op in args.ops or OPS:
         for nbytes in sizes:
             n = nbytes // 4
             bufs = {}
@@ -73,8 +77,10 @@ def rank_main(args):
                 return (time.perf_counter() - t0) / iters
 
             iters = _iters(nbytes)
-            for mode in bufs:  # warm-up
-                run(mode, 1)
+            # Warm-up: one whole sample each. The kernel grows a TCP connection's buffers as it
+            # carries more data, and a cold connection costs twice the CPU per byte.
+            for mode in bufs:
+                run(mode, iters)
             times = {m: [] for m in bufs}
             for _ in range(reps):  # interleaved
                 for mode in bufs:
@@ -88,7 +94,8 @@ def rank_main(args):
             rows.append({"op": op, "bytes": nbytes, "iters": iters,
                          "gloo_cpu_GBps": nbytes / worst["gloo_cpu"] / 1e9,
                          "neuron_GBps": nbytes / worst["neuron"] / 1e9,
-                         "ratio": worst["gloo_cpu"] / worst["neuron"]})
+                         "ratio": worst["gloo_cpu"] / worst["neuron"],
+                         "samples_ms": {m: [round(t * 1e3, 4) for t in times[m]] for m in times}})
             if rank == 0:
                 r = rows[-1]
                 print(f"{op:24s} {nbytes:>11d} B  gloo {r['gloo_cpu_GBps']:8.3f} GB/s  neuron {r['neuron_GBps']:8.3f} GB/s"
@@ -114,6 +121,9 @@ def main():
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--out", default=None, help="result JSON (default bench/results/collectives-<date>.json)")
     p.add_argument("--docs", action="store_true", help="write the table into docs/distributed.md")
+    p.add_argument("--sizes", type=lambda v: [int(x) << 10 for x in v.split(",")], default=None,
+                   help="only these sizes, in KB, comma-separated (e.g. 1024,16384)")
+    p.add_argument("--ops", type=lambda v: v.split(","), default=None, help=f"only these of {','.join(OPS)}")
     p.add_argument("--rank-main", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -129,6 +139,10 @@ def main():
     for r in range(2):
         env = dict(os.environ, RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         cmd = [sys.executable, __file__, "--rank-main", "--result", str(out), "--reps", str(args.reps)]
+        if args.sizes:
+            cmd += ["--sizes", ",".join(str(s >> 10) for s in args.sizes)]
+        if args.ops:
+            cmd += ["--ops", ",".join(args.ops)]
         procs.append(subprocess.Popen(cmd + (["--quick"] if args.quick else []), env=env))
     rcs = [p.wait() for p in procs]
     if any(rcs):
