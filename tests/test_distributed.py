@@ -61,6 +61,25 @@ def test_every_collective_matches_gloo(tmp_path):
     assert all(r["checked"] >= 5 * 3 * 20 for r in results)
 
 
+def test_transport_with_one_connection_and_three_connections(tmp_path):
+    # The default is two connections per peer; the setting changes how collectives are spread,
+    # never their results.
+    for conns, threads in ((1, 1), (3, 2)):
+        results, _ = launch("collectives", tmp_path, TORCH_NEURONX_DIST_CONNECTIONS=conns,
+                            TORCH_NEURONX_DIST_THREADS=threads)
+        assert all(r["checked"] >= 5 * 3 * 20 for r in results)
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "two", ""])
+def test_bad_transport_setting_is_a_clear_error(monkeypatch, value):
+    from torch_neuronx import distributed as nd
+    monkeypatch.setenv("TORCH_NEURONX_DIST_CONNECTIONS", value)
+    with pytest.raises(ValueError, match="TORCH_NEURONX_DIST_CONNECTIONS=.*expected a positive integer"):
+        nd._env_count("TORCH_NEURONX_DIST_CONNECTIONS", nd.DEFAULT_CONNECTIONS)
+    monkeypatch.delenv("TORCH_NEURONX_DIST_CONNECTIONS")
+    assert nd._env_count("TORCH_NEURONX_DIST_CONNECTIONS", nd.DEFAULT_CONNECTIONS) == 2
+
+
 def test_direct_algorithms_with_three_ranks(tmp_path):
     results, _ = launch("direct_algorithms", tmp_path, nprocs=3)
     assert all(r["checked"] >= 60 for r in results), results

@@ -16,16 +16,28 @@ BACKEND = "neuron"
 
 
 # The collective queue issues collectives in order and the data transport runs several at once:
-# over TRANSPORT_CONNECTIONS connections to each peer (Gloo spreads collectives over them by tag),
-# with two worker threads per connection. One connection carries one collective's segments at a
-# time behind the other's bytes; two let both rings stream at once (bench/collectives.py: about
-# 1.2x the bandwidth of Gloo's default of one connection and two threads, from 1 MB up, on 2 cores).
-# The control transport carries one fingerprint exchange at a time (and the backend's
-# point-to-point algorithms, which need no worker thread).
-TRANSPORT_CONNECTIONS = int(os.environ.get("NEURON_DIST_CONNECTIONS", "2"))
-TRANSPORT_THREADS = int(os.environ.get("NEURON_DIST_THREADS", str(2 * TRANSPORT_CONNECTIONS)))
-CONTROL_CONNECTIONS = int(os.environ.get("NEURON_DIST_CONTROL_CONNECTIONS", "1"))
+# over TORCH_NEURONX_DIST_CONNECTIONS connections to each peer (Gloo spreads collectives over them
+# by tag), with two worker threads per connection (TORCH_NEURONX_DIST_THREADS). On one connection,
+# a collective's segments queue behind another's bytes; two let both rings stream at once
+# (bench/collectives.py: 1.1-1.25x the bandwidth of Gloo's default of one connection and two
+# threads, from 4 MB up, on 2 cores). The control transport carries one fingerprint exchange at a
+# time (and the backend's point-to-point algorithms, which need no worker thread).
+DEFAULT_CONNECTIONS = 2
+CONTROL_CONNECTIONS = 1
 CONTROL_THREADS = 1
+
+
+def _env_count(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ValueError(f"{name}={value!r}: expected a positive integer (unset it for the default, {default})")
+    return n
 
 
 def _gloo(store, prefix: str, rank: int, size: int, timeout: datetime.timedelta, threads: int,
@@ -48,7 +60,9 @@ def _transports(store, rank: int, size: int, timeout: datetime.timedelta):
     """The two Gloo process groups of a neuron group, each in its own key space of `store`: one
     moves the data, the other (its own connections) carries the check that precedes each
     collective, so that check does not wait behind the previous collective's bytes."""
-    return (_gloo(store, "neuron_transport/", rank, size, timeout, TRANSPORT_THREADS, TRANSPORT_CONNECTIONS),
+    connections = _env_count("TORCH_NEURONX_DIST_CONNECTIONS", DEFAULT_CONNECTIONS)
+    threads = _env_count("TORCH_NEURONX_DIST_THREADS", 2 * connections)
+    return (_gloo(store, "neuron_transport/", rank, size, timeout, threads, connections),
             _gloo(store, "neuron_control/", rank, size, timeout, CONTROL_THREADS, CONTROL_CONNECTIONS))
 
 
