@@ -127,6 +127,9 @@ def main():
     p.add_argument("--rank-main", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
     args = p.parse_args()
+    unknown = [f"{s >> 10} KB" for s in sorted(set(args.sizes or []) - set(SIZES))] + sorted(set(args.ops or []) - set(OPS))
+    if unknown:
+        p.error(f"not measured by this bench: {unknown}; sizes are {[s >> 10 for s in SIZES]} KB, ops {list(OPS)}")
     if args.rank_main:
         return rank_main(args)
     out = pathlib.Path(args.out or pathlib.Path(__file__).parent / "results" /

@@ -861,7 +861,9 @@ c10::intrusive_ptr<c10d::Work> run_collective(const Links& links, const Fingerpr
           // The tensors move along: the caller's tensors (with their Python
           // objects) are released here before the caller can see completion,
           // never by this thread afterwards (possibly during interpreter exit).
-          // Gloo's allreduce completes its future when the data is in place.
+          // Gloo's allreduce completes its future when the data is in place. Not every Gloo
+          // work does: reduce_scatter_tensor's does its last copy in wait() and never
+          // completes a future, so the others are waited for on the completer's thread.
           const bool on_future = type == c10d::OpType::ALLREDUCE;
           links.completer->add(
               std::move(w), [state, future, outputs = std::move(outputs), post = std::move(post), done,
