@@ -72,12 +72,12 @@ conformance: build
 hf-sweep: build
 	$(PYTHON) -m torch_neuronx.hf_sweep --jobs 2 --out build/hf-sweep --docs docs/hf_support.md
 
-# Full benchmark (~7 min on 2 cores): regenerates docs/performance.md.
+# Full benchmark (~10 min on 2 cores): regenerates docs/performance.md.
 bench: build
 	$(PYTHON) -m pip install -q matplotlib
 	$(PYTHON) bench/run.py --out bench/results/$$(date -u +%F).json
 	$(PYTHON) bench/report.py bench/results/$$(date -u +%F).json
-	$(PYTHON) bench/collectives.py --docs
+	$(PYTHON) bench/collectives.py --control --docs
 	$(PYTHON) bench/compile.py --docs
 
 # Smoke test of the harness (tiny sizes, no thresholds); the report goes to a temp dir.

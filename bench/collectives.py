@@ -3,12 +3,18 @@ CPU tensors, in the same two processes, interleaved, medians over repetitions.
 
     python bench/collectives.py                 # 4 KB .. 256 MB, writes bench/results/collectives-<date>.json
     python bench/collectives.py --quick         # 4 KB .. 1 MB, 2 repetitions (harness smoke test)
+    python bench/collectives.py --control       # also Gloo against a second, identical Gloo group
 
 Each timed sample issues `iters` asynchronous collectives back to back, cycling over a few distinct
 buffers (as DDP's gradient buckets are), and waits for all of them (for neuron, then synchronizes the
 device): algorithm bandwidth = bytes per rank / time per op. Distinct buffers keep the comparison
 honest: Gloo runs queued collectives on the same tensor concurrently (racing on its memory), which
 the neuron backend does not (a collective waits for earlier ones on overlapping memory).
+
+`--control` adds a null comparison: a second Gloo group, identical to the first (its own
+connections), measured in the same interleaving. Its ratio to the first would be 1.00 on a quiet
+machine; how far it strays is the noise of the method, the margin a neuron ratio must clear before
+it means anything.
 """
 import argparse
 import datetime
@@ -44,6 +50,8 @@ def rank_main(args):
     # No device_id: PyTorch's new_group would look for a neuron backend in the Gloo group.
     dist.init_process_group("neuron")
     gloo = dist.new_group(backend="gloo")
+    control = dist.new_group(backend="gloo") if args.control else None
+    modes = ("gloo_cpu", "neuron") + (("gloo_cpu_control",) if args.control else ())
     world = dist.get_world_size()
     sizes = [s for s in SIZES if s <= (1 << 20)] if args.quick else SIZES
     if args.sizes:
@@ -54,14 +62,14 @@ def rank_main(args):
         for nbytes in sizes:
             n = nbytes // 4
             bufs = {}
-            for mode in ("gloo_cpu", "neuron"):
-                dev = "cpu" if mode == "gloo_cpu" else "neuron"
+            for mode in modes:
+                dev = "neuron" if mode == "neuron" else "cpu"
                 bufs[mode] = [(torch.ones(n, device=dev),
                                torch.empty(n * world, device=dev) if op == "all_gather_into_tensor" else None)
                               for _ in range(_buffers(nbytes))]
 
             def run(mode, iters):
-                group = gloo if mode == "gloo_cpu" else None
+                group = {"gloo_cpu": gloo, "gloo_cpu_control": control}.get(mode)
                 t0 = time.perf_counter()
                 works = []
                 for i in range(iters):
@@ -91,15 +99,18 @@ def rank_main(args):
             all_med = [None] * world
             dist.all_gather_object(all_med, med, group=gloo)
             worst = {m: max(r[m] for r in all_med) for m in med}
-            rows.append({"op": op, "bytes": nbytes, "iters": iters,
-                         "gloo_cpu_GBps": nbytes / worst["gloo_cpu"] / 1e9,
-                         "neuron_GBps": nbytes / worst["neuron"] / 1e9,
-                         "ratio": worst["gloo_cpu"] / worst["neuron"],
-                         "samples_ms": {m: [round(t * 1e3, 4) for t in times[m]] for m in times}})
+            row = {"op": op, "bytes": nbytes, "iters": iters,
+                   "gloo_cpu_GBps": nbytes / worst["gloo_cpu"] / 1e9,
+                   "neuron_GBps": nbytes / worst["neuron"] / 1e9,
+                   "ratio": worst["gloo_cpu"] / worst["neuron"],
+                   "samples_ms": {m: [round(t * 1e3, 4) for t in times[m]] for m in times}}
+            if args.control:
+                row["control_ratio"] = worst["gloo_cpu"] / worst["gloo_cpu_control"]
+            rows.append(row)
             if rank == 0:
-                r = rows[-1]
-                print(f"{op:24s} {nbytes:>11d} B  gloo {r['gloo_cpu_GBps']:8.3f} GB/s  neuron {r['neuron_GBps']:8.3f} GB/s"
-                      f"  ratio {r['ratio']:.2f}", flush=True)
+                control_note = f"  (Gloo / Gloo control {row['control_ratio']:.2f})" if args.control else ""
+                print(f"{op:24s} {nbytes:>11d} B  gloo {row['gloo_cpu_GBps']:8.3f} GB/s  neuron {row['neuron_GBps']:8.3f} GB/s"
+                      f"  ratio {row['ratio']:.2f}{control_note}", flush=True)
     if rank == 0:
         with open(args.result, "w") as f:
             json.dump({"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -108,10 +119,13 @@ def rank_main(args):
 
 
 def markdown(result):
-    lines = ["| collective | size | Gloo CPU GB/s | neuron GB/s | neuron / Gloo |", "|---|---|---|---|---|"]
+    control = all("control_ratio" in r for r in result["rows"])
+    head = "| collective | size | Gloo CPU GB/s | neuron GB/s | neuron / Gloo |"
+    lines = [head + (" Gloo / Gloo (control) |" if control else ""), "|---|---|---|---|---|" + ("---|" if control else "")]
     for r in result["rows"]:
         size = f"{r['bytes'] >> 20} MB" if r["bytes"] >= 1 << 20 else f"{r['bytes'] >> 10} KB"
-        lines.append(f"| {r['op']} | {size} | {r['gloo_cpu_GBps']:.3f} | {r['neuron_GBps']:.3f} | {r['ratio']:.2f}x |")
+        line = f"| {r['op']} | {size} | {r['gloo_cpu_GBps']:.3f} | {r['neuron_GBps']:.3f} | {r['ratio']:.2f}x |"
+        lines.append(line + (f" {r['control_ratio']:.2f}x |" if control else ""))
     return "\n".join(lines)
 
 
@@ -124,6 +138,8 @@ def main():
     p.add_argument("--sizes", type=lambda v: [int(x) << 10 for x in v.split(",")], default=None,
                    help="only these sizes, in KB, comma-separated (e.g. 1024,16384)")
     p.add_argument("--ops", type=lambda v: v.split(","), default=None, help=f"only these of {','.join(OPS)}")
+    p.add_argument("--control", action="store_true",
+                   help="also measure Gloo against a second, identical Gloo group (the method's noise)")
     p.add_argument("--rank-main", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -146,6 +162,8 @@ def main():
             cmd += ["--sizes", ",".join(str(s >> 10) for s in args.sizes)]
         if args.ops:
             cmd += ["--ops", ",".join(args.ops)]
+        if args.control:
+            cmd.append("--control")
         procs.append(subprocess.Popen(cmd + (["--quick"] if args.quick else []), env=env))
     rcs = [p.wait() for p in procs]
     if any(rcs):
@@ -161,7 +179,9 @@ def main():
         head, rest = text.split(begin)
         _, tail = rest.split(end)
         note = (f"Measured {result['date']} on this machine (2 ranks, {result['repetitions']} interleaved "
-                f"repetitions; above 1 means neuron moves more data per second):")
+                f"repetitions; above 1 means neuron moves more data per second"
+                + ("; the control column is Gloo against a second, identical Gloo group, the method's noise"
+                   if all("control_ratio" in r for r in result["rows"]) else "") + "):")
         doc.write_text(f"{head}{begin}\n{note}\n\n{table}\n{end}{tail}")
         print(f"updated {doc}")
 
