@@ -142,6 +142,19 @@ def test_mismatched_sizes_raise_on_every_rank(tmp_path):
         assert "rank 0: ALLREDUCE of 10 Float" in r["message"] and "rank 1: ALLREDUCE of 20 Float" in r["message"]
 
 
+def test_transfers_and_barriers_are_ordered_after_collectives(tmp_path):
+    results, _ = launch("ordering", tmp_path)
+    for r in results:
+        assert r["checked"] == 5
+        assert "BFloat16" in r["errors"][0] and "Float" in r["errors"][0]
+        assert "world size (2)" in r["errors"][1]
+
+
+def test_exit_with_a_destroyed_subgroup_and_a_live_parent(tmp_path):
+    results, outs = launch("subgroup_at_exit", tmp_path, timeout=120)
+    assert [r["sum"] for r in results] == [[2.0] * 4] * 2
+
+
 def test_torchrun_gives_each_rank_its_device(tmp_path):
     port = _free_port()
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",

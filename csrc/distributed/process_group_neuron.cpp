@@ -215,9 +215,17 @@ class Sequencer {
 class InFlight {
  public:
   using Ranges = std::vector<std::pair<uintptr_t, uintptr_t>>;
+  // Waits for the collectives in flight on memory overlapping `ranges`, then
+  // registers this one (`state`), which later ones on that memory wait for.
   void admit(const Ranges& ranges, std::shared_ptr<CollectiveState> state);
+  // Waits without registering: for sends and receives, whose completion is
+  // the caller's host wait (registering them would make collectives wait for it).
+  void wait_overlapping(const Ranges& ranges);
+  // Waits for every collective in flight (a barrier orders after all of them).
+  void wait_all();
 
  private:
+  std::vector<std::shared_ptr<CollectiveState>> overlapping(const Ranges& ranges);  // mu_ held
   std::mutex mu_;
   std::vector<std::pair<Ranges, std::shared_ptr<CollectiveState>>> entries_;
 };
@@ -266,8 +274,12 @@ void Sequencer::check(uint64_t seq, c10d::Backend& control) {
     const int64_t* a = all.data_ptr<int64_t>();
     int64_t checked = count;
     for (int r = 0; r < n; ++r) {
-      TORCH_CHECK(a[r * kWords] == Fingerprint::kMagic, "collective check: rank ", r,
-                  " sent an unexpected message (is it running the same torch_neuronx version?)");
+      if (a[r * kWords] != Fingerprint::kMagic) {
+        pending_.pop_front();  // this collective fails; the ones after it are checked in turn
+        ++base_;
+        TORCH_CHECK(false, "collective check: rank ", r,
+                    " sent an unexpected message (is it running the same torch_neuronx version?)");
+      }
       checked = std::min(checked, a[r * kWords + 1]);
     }
     for (int64_t i = 0; i < checked; ++i) {
@@ -305,21 +317,45 @@ InFlight::Ranges memory_ranges(const std::vector<at::Tensor>& ts) {
 // Waits until no collective still in flight uses memory that `ranges` overlap,
 // then records the new one: the transport runs collectives concurrently, so
 // two on the same buffer (allreduce(x) twice) would otherwise race.
-void InFlight::admit(const Ranges& ranges, std::shared_ptr<CollectiveState> state) {
+std::vector<std::shared_ptr<CollectiveState>> InFlight::overlapping(const Ranges& ranges) {
   auto overlaps = [&](const Ranges& other) {
     for (const auto& a : ranges)
       for (const auto& b : other)
         if (a.first < b.second && b.first < a.second) return true;
     return false;
   };
+  entries_.erase(std::remove_if(entries_.begin(), entries_.end(), [](const auto& e) { return e.second->finished(); }),
+                 entries_.end());
+  std::vector<std::shared_ptr<CollectiveState>> out;
+  for (const auto& e : entries_)
+    if (overlaps(e.first)) out.push_back(e.second);
+  return out;
+}
+
+void InFlight::admit(const Ranges& ranges, std::shared_ptr<CollectiveState> state) {
   std::vector<std::shared_ptr<CollectiveState>> wait_for;
   {
     std::lock_guard<std::mutex> g(mu_);
-    entries_.erase(std::remove_if(entries_.begin(), entries_.end(), [](const auto& e) { return e.second->finished(); }),
-                   entries_.end());
-    for (const auto& e : entries_)
-      if (overlaps(e.first)) wait_for.push_back(e.second);
+    wait_for = overlapping(ranges);
     entries_.emplace_back(ranges, std::move(state));
+  }
+  for (const auto& w : wait_for) w->wait_finished();
+}
+
+void InFlight::wait_overlapping(const Ranges& ranges) {
+  std::vector<std::shared_ptr<CollectiveState>> wait_for;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    wait_for = overlapping(ranges);
+  }
+  for (const auto& w : wait_for) w->wait_finished();
+}
+
+void InFlight::wait_all() {
+  std::vector<std::shared_ptr<CollectiveState>> wait_for;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    for (const auto& e : entries_) wait_for.push_back(e.second);
   }
   for (const auto& w : wait_for) w->wait_finished();
 }
@@ -451,7 +487,7 @@ class NeuronWork final : public c10d::Work {
 // every rank derives the same tags from the collective's sequence number.
 struct Direct {
   c10d::Backend* control;
-  BufferPool* buffers;
+  std::shared_ptr<BufferPool> buffers;  // shared: a work may outlive its group
   uint64_t seq;
   int rank, size;
   std::chrono::milliseconds timeout;
@@ -598,7 +634,7 @@ class ExchangeAllreduce final : public DirectWork {
   }
 
  private:
-  BufferPool* buffers_;
+  std::shared_ptr<BufferPool> buffers_;  // gets the buffer back in the destructor, maybe after the group died
   at::Tensor flat_, buffer_, theirs_;
   c10d::ReduceOp op_;
   int rank_;
@@ -658,18 +694,22 @@ ProcessGroupNeuron::~ProcessGroupNeuron() {
 }
 
 void ProcessGroupNeuron::shutdown_all() {
+  // Released after unlocking: a split group held only here unregisters
+  // itself in its destructor, which takes the lock.
   std::vector<c10::intrusive_ptr<c10d::Backend>> transports;
+  std::vector<c10::intrusive_ptr<c10d::Store>> stores;
   {
     std::lock_guard<std::mutex> g(g_groups_mu);
     g_shut_down = true;
     for (ProcessGroupNeuron* pg : g_groups) {
       transports.push_back(std::move(pg->gloo_));
       transports.push_back(std::move(pg->control_));
-      pg->last_split_.reset();
-      pg->last_split_store_.reset();
+      transports.push_back(std::move(pg->last_split_));
+      stores.push_back(std::move(pg->last_split_store_));
     }
   }
   transports.clear();  // the caller has released the GIL
+  stores.clear();
 }
 
 ProcessGroupNeuron::ProcessGroupNeuron(c10::intrusive_ptr<c10d::Backend> transport,
@@ -682,17 +722,16 @@ ProcessGroupNeuron::ProcessGroupNeuron(c10::intrusive_ptr<c10d::Backend> transpo
       sequencer_(std::make_shared<Sequencer>()),
       in_flight_(std::make_shared<InFlight>()),
       buffers_(std::make_shared<BufferPool>()) {
-  {
-    std::lock_guard<std::mutex> g(g_groups_mu);
-    TORCH_CHECK(!g_shut_down, "the neuron distributed backend was shut down (interpreter exit)");
-    g_groups.push_back(this);
-  }
   TORCH_CHECK_VALUE(gloo_, "ProcessGroupNeuron needs a transport backend");
   TORCH_CHECK_VALUE(gloo_->getRank() == rank && gloo_->getSize() == size,
                     "ProcessGroupNeuron: transport is rank ", gloo_->getRank(), " of ", gloo_->getSize(),
                     ", expected rank ", rank, " of ", size);
   TORCH_CHECK_VALUE(control_ && control_->getRank() == rank && control_->getSize() == size,
                     "ProcessGroupNeuron: the control transport must be a backend of the same ranks");
+  // Registered last: a constructor that throws runs no destructor to unregister.
+  std::lock_guard<std::mutex> g(g_groups_mu);
+  TORCH_CHECK(!g_shut_down, "the neuron distributed backend was shut down (interpreter exit)");
+  g_groups.push_back(this);
 }
 
 c10::intrusive_ptr<c10d::Backend::Options> ProcessGroupNeuron::getBackendOptions() {
@@ -731,16 +770,32 @@ void count_done() {
 }
 }  // namespace
 
-void Completer::add(c10::intrusive_ptr<c10d::Work> work, Done done, bool on_future) {
-  {
+namespace {
+// Counts a collective from the moment it is queued until the completer has it
+// (or it failed, or its queue dropped it unrun), so that drain() also waits
+// for collectives still on a queue.
+struct QueuedCollective {
+  QueuedCollective() {
     std::lock_guard<std::mutex> g(g_pending_mu);
     ++g_pending;
   }
+  ~QueuedCollective() { count_done(); }
+  QueuedCollective(const QueuedCollective&) = delete;
+  QueuedCollective& operator=(const QueuedCollective&) = delete;
+};
+}  // namespace
+
+void Completer::add(c10::intrusive_ptr<c10d::Work> work, Done done, bool on_future) {
+  auto count = [] {
+    std::lock_guard<std::mutex> g(g_pending_mu);
+    ++g_pending;
+  };
   // The transport's collectives complete a future on its worker thread: the
   // completion runs right there, without waking this thread (a wake-up costs
   // tens of microseconds of kernel time here, per collective).
   if (on_future && !dynamic_cast<DirectWork*>(work.get())) {
-    auto future = work->getFuture();
+    auto future = work->getFuture();  // before counting: it may throw
+    count();
     future->addCallback([done = std::move(done)](c10::ivalue::Future& f) mutable {
       std::string error;
       if (f.hasError()) error = f.tryRetrieveErrorMessage();
@@ -750,6 +805,7 @@ void Completer::add(c10::intrusive_ptr<c10d::Work> work, Done done, bool on_futu
     });
     return;
   }
+  count();
   {
     std::lock_guard<std::mutex> g(mu_);
     pending_.emplace_back(std::move(work), std::move(done));
@@ -803,9 +859,11 @@ c10::intrusive_ptr<c10d::Work> run_collective(const Links& links, const Fingerpr
                                               bool on_host, std::vector<at::Tensor> keep,
                                               std::vector<at::Tensor> outputs, Issue issue, Post post) {
   const bool p2p = type == c10d::OpType::SEND || type == c10d::OpType::RECV || type == c10d::OpType::RECVANYSOURCE;
-  // Point-to-point transfers are not tracked: their completion is the
-  // caller's host wait, which may come after later collectives.
-  auto ranges = p2p ? InFlight::Ranges{} : memory_ranges(keep);
+  // Point-to-point transfers wait for the collectives in flight on their
+  // memory but are not tracked themselves: their completion is the caller's
+  // host wait, which may come after later collectives.
+  auto ranges = memory_ranges(keep);
+  auto queued = std::make_shared<QueuedCollective>();
   rt::Queue& compute = current_queue(device);
   auto state = std::make_shared<CollectiveState>();
   auto future = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
@@ -824,7 +882,10 @@ c10::intrusive_ptr<c10d::Work> run_collective(const Links& links, const Fingerpr
     coll.launch(std::make_unique<rt::FunctionKernel>(
         name, [links, p2p, type, seq, check = fp != nullptr, ranges = std::move(ranges), issue = std::move(issue),
                post = std::move(post), state, future, outputs, keep = std::move(keep), name, done,
-               done_version]() mutable {
+               done_version, queued = std::move(queued)]() mutable {
+          // Released when this returns, whatever the path: by then the
+          // collective failed, is a host-waited transfer, or is the completer's.
+          const auto queued_until_return = std::move(queued);
           // Never throws: a failure is the collective's result (raised by
           // wait() and on the streams that wait for it), and the collective
           // queue stays usable for the collectives that follow.
@@ -840,8 +901,13 @@ c10::intrusive_ptr<c10d::Work> run_collective(const Links& links, const Fingerpr
           c10::intrusive_ptr<c10d::Work> w;
           try {
             if (check) links.sequencer->check(seq, *links.control);
-            if (!ranges.empty()) links.in_flight->admit(ranges, state);
-            w = issue(*links.gloo, Direct{links.control.get(), links.buffers.get(), seq, links.rank, links.control->getSize(),
+            if (type == c10d::OpType::BARRIER) links.in_flight->wait_all();  // as a stream-ordered barrier would
+            if (p2p) {
+              links.in_flight->wait_overlapping(ranges);
+            } else if (!ranges.empty()) {
+              links.in_flight->admit(ranges, state);
+            }
+            w = issue(*links.gloo, Direct{links.control.get(), links.buffers, seq, links.rank, links.control->getSize(),
                                           links.timeout});
           } catch (const std::exception& e) {
             return fail(e.what());
@@ -865,7 +931,8 @@ c10::intrusive_ptr<c10d::Work> run_collective(const Links& links, const Fingerpr
           // work does: reduce_scatter_tensor's does its last copy in wait() and never
           // completes a future, so the others are waited for on the completer's thread.
           const bool on_future = type == c10d::OpType::ALLREDUCE;
-          links.completer->add(
+          try {
+            links.completer->add(
               std::move(w), [state, future, outputs = std::move(outputs), post = std::move(post), done,
                              done_version, fail, keep = std::move(keep)](const std::string* error) mutable {
                 std::string what = error ? *error : "";
@@ -888,6 +955,9 @@ c10::intrusive_ptr<c10d::Work> run_collective(const Links& links, const Fingerpr
                 done->complete_external(done_version);
               },
               on_future);
+          } catch (const std::exception& e) {  // the queue must go on with the collectives after it
+            return fail(e.what());
+          }
         }));
   });
   return c10::make_intrusive<NeuronWork>(links.rank, type, name, state, done, device, on_host, std::move(outputs),
@@ -1023,6 +1093,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::_allgather_base(at::Tensor& o
                                                                    const c10d::AllgatherOptions& opts) {
   std::vector<at::Tensor> all{output, input};
   NEURON_C10D_PLACE("all_gather_into_tensor", all)
+  // Checked here, on every rank, before anything moves: the transfers would
+  // otherwise fill part of the output, or fail inside the transport.
+  TORCH_CHECK_VALUE(output.scalar_type() == input.scalar_type(), "all_gather_into_tensor: the output is ",
+                    output.scalar_type(), " and the input ", input.scalar_type(), "; they must have the same dtype");
+  TORCH_CHECK_VALUE(output.numel() == input.numel() * size_, "all_gather_into_tensor: the output has ", output.numel(),
+                    " elements; it must have world size (", size_, ") x the input's ", input.numel());
   at::Tensor ho = host({output})[0], hi = host({input})[0];
   const Fingerprint fp = fingerprint(c10d::OpType::_ALLGATHER_BASE, {input});
   return run_collective(links(), &fp, ordering_queue(d), c10d::OpType::_ALLGATHER_BASE, "c10d::all_gather_into_tensor", d, on_host, all,

@@ -617,6 +617,76 @@ def mismatch(out):
 
 
 @job
+def ordering(out):
+    """What NCCL's one stream per group guarantees: a send or receive queued after a collective
+    on the same tensor sees its result; a barrier waits for every collective queued before it,
+    including the backend's own algorithms on CPU tensors; all_gather_into_tensor's output is
+    checked before anything moves. Then collectives are left in flight when the job returns
+    (main() destroys the group at once: the works must outlive it)."""
+    r, n = rank(), world()
+    checked = 0
+    for numel in (1 << 10, 1 << 18, 1 << 21):  # 4 KB and 1 MB: the exchange; 8 MB: Gloo's ring
+        h = torch.full((numel,), float(r + 1), device=dev())
+        w = dist.all_reduce(h, async_op=True)  # not waited for before the transfer below
+        if r == 0:
+            dist.send(h, dst=1)
+        elif r == 1:
+            got = torch.empty(numel, device=dev())
+            dist.recv(got, src=0)
+            close(got, torch.full((numel,), float(n * (n + 1) // 2)), f"recv after a queued all_reduce ({numel})")
+        w.wait()
+        checked += 1
+    for numel in (1 << 10, 1 << 18):
+        c = torch.full((numel,), float(r + 1))
+        dist.all_reduce(c, async_op=True)
+        dist.barrier()
+        close(c, torch.full((numel,), float(n * (n + 1) // 2)), f"CPU all_reduce read after a barrier ({numel})")
+        checked += 1
+    x = torch.ones(8, device=dev())
+    bad = [(torch.empty(8 * n, dtype=torch.bfloat16, device=dev()), "same dtype"),
+           (torch.empty(8 * n + 1, device=dev()), "world size")]
+    errors = []
+    for o, what in bad:
+        try:
+            dist.all_gather_into_tensor(o, x)
+        except ValueError as e:
+            assert what in str(e), str(e)
+            errors.append(str(e))
+        else:
+            raise AssertionError(f"all_gather_into_tensor with a bad output ({what}) did not raise")
+    ok = torch.empty(8 * n, device=dev())
+    dist.all_gather_into_tensor(ok, x)  # the group is still usable
+    close(ok, torch.ones(8 * n), "all_gather_into_tensor after rejected outputs")
+    left = [torch.ones(1 << 18, device=dev()) for _ in range(8)]
+    for t in left:
+        dist.all_reduce(t, async_op=True)
+    return {"checked": checked, "errors": errors}
+
+
+@job
+def subgroup_at_exit(out):
+    """A subgroup destroyed by the user while its parent lives on to interpreter exit (the
+    parent remembers its last split), and a collective still queued at exit: the exit must
+    neither deadlock nor abort."""
+    sub = dist.split_group(split_ranks=[list(range(world()))])
+    t = torch.ones(4, device=dev())
+    dist.all_reduce(t, group=sub)
+    close(t, torch.full((4,), float(world())), "all_reduce in a subgroup")
+    dist.destroy_process_group(sub)
+    del sub
+    # Left queued at exit, behind compute work: the exit waits for it (and its tensors are
+    # released before the interpreter tears down).
+    a = torch.randn(512, 512, device=dev())
+    for _ in range(20):
+        a = a @ a / 512
+    dist.all_reduce(a, async_op=True)
+    return {"sum": t.cpu().tolist()}
+
+
+KEEP_GROUP_AT_EXIT = {"subgroup_at_exit"}  # these end with the default group alive
+
+
+@job
 def launch_info(out):
     """What torchrun gives a rank: its device and the visible cores."""
     t = torch.ones(2, device="neuron")
@@ -646,7 +716,8 @@ def main():
     with open(os.path.join(out, f"{name}.rank{rank()}.json"), "w") as f:
         json.dump(result, f)
     print(f"rank {rank()}: {name} ok", flush=True)
-    dist.destroy_process_group()
+    if name not in KEEP_GROUP_AT_EXIT:
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
