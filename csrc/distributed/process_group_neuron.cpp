@@ -761,6 +761,11 @@ bool Completer::drain(std::chrono::milliseconds timeout) {
 }
 
 namespace {
+void count_pending() {
+  std::lock_guard<std::mutex> g(g_pending_mu);
+  ++g_pending;
+}
+
 void count_done() {
   {
     std::lock_guard<std::mutex> g(g_pending_mu);
@@ -768,17 +773,12 @@ void count_done() {
   }
   g_pending_cv.notify_all();
 }
-}  // namespace
 
-namespace {
 // Counts a collective from the moment it is queued until the completer has it
 // (or it failed, or its queue dropped it unrun), so that drain() also waits
 // for collectives still on a queue.
 struct QueuedCollective {
-  QueuedCollective() {
-    std::lock_guard<std::mutex> g(g_pending_mu);
-    ++g_pending;
-  }
+  QueuedCollective() { count_pending(); }
   ~QueuedCollective() { count_done(); }
   QueuedCollective(const QueuedCollective&) = delete;
   QueuedCollective& operator=(const QueuedCollective&) = delete;
@@ -786,16 +786,12 @@ struct QueuedCollective {
 }  // namespace
 
 void Completer::add(c10::intrusive_ptr<c10d::Work> work, Done done, bool on_future) {
-  auto count = [] {
-    std::lock_guard<std::mutex> g(g_pending_mu);
-    ++g_pending;
-  };
   // The transport's collectives complete a future on its worker thread: the
   // completion runs right there, without waking this thread (a wake-up costs
   // tens of microseconds of kernel time here, per collective).
   if (on_future && !dynamic_cast<DirectWork*>(work.get())) {
     auto future = work->getFuture();  // before counting: it may throw
-    count();
+    count_pending();
     future->addCallback([done = std::move(done)](c10::ivalue::Future& f) mutable {
       std::string error;
       if (f.hasError()) error = f.tryRetrieveErrorMessage();
@@ -805,7 +801,7 @@ void Completer::add(c10::intrusive_ptr<c10d::Work> work, Done done, bool on_futu
     });
     return;
   }
-  count();
+  count_pending();
   {
     std::lock_guard<std::mutex> g(mu_);
     pending_.emplace_back(std::move(work), std::move(done));
