@@ -150,6 +150,14 @@ def test_transfers_and_barriers_are_ordered_after_collectives(tmp_path):
         assert "world size (2)" in r["errors"][1]
 
 
+def test_transfer_wait_timeout_covers_the_wait_to_be_issued(tmp_path):
+    results, _ = launch("transfer_wait_timeout", tmp_path)
+    r = results[0]
+    assert r["raised"] in ("RuntimeError", "DistBackendError"), r
+    assert "500 ms passed to wait()" in r["message"] and "waiting to be issued" in r["message"], r["message"]
+    assert r["after_s"] < 3, r  # the peer joins after 4 s
+
+
 def test_exit_with_a_destroyed_subgroup_and_a_live_parent(tmp_path):
     results, outs = launch("subgroup_at_exit", tmp_path, timeout=120)
     assert [r["sum"] for r in results] == [[2.0] * 4] * 2

@@ -434,16 +434,30 @@ class NeuronWork final : public c10d::Work {
   // (a rank's send and its receive must both be posted for either to finish,
   // as in batch_isend_irecv); their wait() blocks the host like Gloo's.
   bool wait_p2p(std::chrono::milliseconds timeout) {
+    // The timeout covers the whole wait: a transfer may wait to be issued
+    // behind collectives still running on the queue.
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
     c10::intrusive_ptr<c10d::Work> transport;
     {
       rt::BlockingScope blocking;
       std::unique_lock<std::mutex> lk(state_->mu);
-      state_->cv.wait(lk, [&] { return state_->issued || state_->done; });
+      auto ready = [&] { return state_->issued || state_->done; };
+      if (timeout == kNoTimeout) {
+        state_->cv.wait(lk, ready);
+      } else if (!state_->cv.wait_until(lk, deadline, ready)) {
+        lk.unlock();
+        throw_timeout(timeout, " (it was still waiting to be issued behind earlier collectives)");
+      }
       if (state_->done) {
         if (state_->error) throw_error();
         return true;
       }
       transport = state_->transport;
+    }
+    if (timeout != kNoTimeout) {
+      // Gloo reads 0 as "its default timeout": never pass less than 1 ms.
+      timeout = std::max(std::chrono::milliseconds(1), std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                          deadline - std::chrono::steady_clock::now()));
     }
     try {
       rt::BlockingScope blocking;
@@ -468,11 +482,14 @@ class NeuronWork final : public c10d::Work {
       state_->cv.wait(lk, [&] { return state_->done; });
     } else if (!state_->cv.wait_for(lk, timeout, [&] { return state_->done; })) {
       lk.unlock();
-      C10_THROW_ERROR(DistBackendError, "neuron collective did not complete within the " +
-                                            std::to_string(timeout.count()) + " ms passed to wait()");
+      throw_timeout(timeout, "");
     }
   }
   [[noreturn]] void throw_error() const { C10_THROW_ERROR(DistBackendError, state_->message); }
+  [[noreturn]] void throw_timeout(std::chrono::milliseconds timeout, const std::string& why) const {
+    C10_THROW_ERROR(DistBackendError, "neuron " + c10d::opTypeToString(retrieveOpType()) + " did not complete within the " +
+                                          std::to_string(timeout.count()) + " ms passed to wait()" + why);
+  }
 
   std::shared_ptr<CollectiveState> state_;
   std::shared_ptr<rt::Event> done_;

@@ -664,6 +664,38 @@ def ordering(out):
 
 
 @job
+def transfer_wait_timeout(out):
+    """A send queued behind a collective that cannot run yet (its peer is late): wait(timeout)
+    raises within the timeout, while the send waits to be issued; the send still completes
+    afterwards, and the data arrives intact."""
+    r = rank()
+    x = torch.ones(16, device=dev())
+    y = torch.arange(1024.0, device=dev())
+    if r == 0:
+        w = dist.all_reduce(x, async_op=True)  # the collective queue waits for rank 1's check
+        s = dist.isend(y, dst=1)
+        t0 = time.monotonic()
+        try:
+            s.wait(timeout=datetime.timedelta(milliseconds=500))
+        except Exception as e:  # noqa: BLE001
+            raised, message = type(e).__name__, str(e)
+        else:
+            raise AssertionError("wait(timeout) on a send that could not be issued did not raise")
+        after = time.monotonic() - t0
+        s.wait()  # the timeout did not cancel the transfer
+        w.wait()
+    else:
+        time.sleep(4)
+        dist.all_reduce(x)
+        got = torch.empty(1024, device=dev())
+        dist.recv(got, src=0)
+        close(got, torch.arange(1024.0), "the send that timed out in wait()")
+        raised, message, after = None, "", 0.0
+    close(x, torch.full((16,), float(world())), "the collective ahead of the send")
+    return {"raised": raised, "message": message[:400], "after_s": after}
+
+
+@job
 def subgroup_at_exit(out):
     """A subgroup destroyed by the user while its parent lives on to interpreter exit (the
     parent remembers its last split), and a collective still queued at exit: the exit must
