@@ -61,6 +61,11 @@ def test_every_collective_matches_gloo(tmp_path):
     assert all(r["checked"] >= 5 * 3 * 20 for r in results)
 
 
+def test_every_collective_at_64mb_matches_gloo(tmp_path):
+    results, _ = launch("collectives_64mb", tmp_path)
+    assert all(r["checked"] >= 5 * 20 for r in results)
+
+
 def test_transport_with_one_connection_and_three_connections(tmp_path):
     # The default is two connections per peer; the setting changes how collectives are spread,
     # never their results.
