@@ -94,30 +94,32 @@ def test_ddp_matches_cpu(tmp_path):
     results, _ = launch("ddp", tmp_path)
     for r in results:
         assert set(r) == {"find_unused=False", "find_unused=True"}
-        assert all(v["steps"] == 10 for v in r.values())
+        # every step's gradients: the MLP's 6 parameters (the unused layer has none)
+        assert all(v["steps"] == 10 and v["grads"] == 10 * 6 for v in r.values())
 
 
 def test_fsdp2_matches_cpu(tmp_path):
     results, _ = launch("fsdp2", tmp_path)
     for r in results:
         assert set(r) == {"default", "bf16_params_fp32_reduce", "no_reshard_after_forward", "cpu_offload"}
-        assert all(v["steps"] == 10 and v["params"] == 6 for v in r.values())
+        assert all(v["steps"] == 10 and v["params"] == 6 and v["grads"] == 10 * 6 for v in r.values())
 
 
 def test_tensor_parallel_matches_cpu(tmp_path):
     results, _ = launch("tensor_parallel", tmp_path)
-    assert all(r["block"]["steps"] == 10 for r in results)
+    assert all(r["block"]["steps"] == 10 and r["block"]["grads"] == 10 * r["block"]["params"] for r in results)
 
 
 def test_pipeline_parallel_matches_cpu(tmp_path):
     results, _ = launch("pipeline_parallel", tmp_path)
     for r in results:
         assert set(r) == {"ScheduleGPipe", "Schedule1F1B"}
+        assert all(v["steps"] == 10 and v["grads"] == 10 * v["params"] for v in r.values())
 
 
 def test_zero_redundancy_optimizer_matches_cpu(tmp_path):
     results, _ = launch("zero", tmp_path)
-    assert all(r["zero"]["steps"] == 10 for r in results)
+    assert all(r["zero"]["steps"] == 10 and r["zero"]["grads"] == 10 * r["zero"]["params"] for r in results)
 
 
 def test_dtensor_1d_and_2d_meshes(tmp_path):

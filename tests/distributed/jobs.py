@@ -324,13 +324,36 @@ def _mlp(d_in=16, hidden=32, d_out=4):
                          nn.Linear(hidden, d_out))
 
 
+def _grads(params):
+    """This rank's view of every parameter's gradient (whole, for DTensors: a collective, so
+    every rank calls it at the same point), None where there is none."""
+    out = []
+    for p in params:
+        g = p.grad
+        if g is not None and hasattr(g, "full_tensor"):
+            g = g.full_tensor()
+        out.append(None if g is None else g.detach().cpu().clone())
+    return out
+
+
 def _compare_runs(name, runs, rtol=1e-5, atol=1e-5):
-    (cl, cp), (nl, np_) = runs["cpu"], runs["neuron"]
+    """runs[device] = (losses, final parameters, gradients before each optimizer step)."""
+    (cl, cp, cg), (nl, np_, ng) = runs["cpu"], runs["neuron"]
     close(torch.tensor(nl), torch.tensor(cl), f"{name}: losses", rtol=rtol, atol=atol)
     assert len(cp) == len(np_)
     for i, (a, b) in enumerate(zip(np_, cp)):
         close(a, b, f"{name}: parameter {i}", rtol=rtol, atol=atol)
-    return {"steps": len(cl), "params": len(cp), "final_loss": nl[-1]}
+    assert len(cg) == len(ng) == len(cl), (len(cg), len(ng), len(cl))
+    grads = 0
+    for step, (gn, gc) in enumerate(zip(ng, cg)):
+        assert len(gn) == len(gc)
+        for i, (a, b) in enumerate(zip(gn, gc)):
+            assert (a is None) == (b is None), f"{name}: step {step} gradient {i}: None on one device only"
+            if a is not None:
+                close(a, b, f"{name}: step {step} gradient {i}", rtol=rtol, atol=atol)
+                grads += 1
+    assert grads > 0, f"{name}: no gradients compared"
+    return {"steps": len(cl), "params": len(cp), "grads": grads, "final_loss": nl[-1]}
 
 
 class WithUnused(nn.Module):
@@ -355,7 +378,7 @@ def ddp(out):
             # a tiny bucket cap: several buckets, each its own allreduce
             ddp_model = DDP(model, bucket_cap_mb=0.001, find_unused_parameters=find_unused)
             opt = torch.optim.SGD(ddp_model.parameters(), lr=0.05, momentum=0.9)
-            losses = []
+            losses, grads = [], []
             for step in range(STEPS):
                 x, y = (t.to(d) for t in _batch(step))
                 if step % 3 == 1:  # gradient accumulation: no allreduce on the first micro-batch
@@ -365,10 +388,11 @@ def ddp(out):
                 else:
                     loss = nn.functional.mse_loss(ddp_model(x), y)
                 loss.backward()
+                grads.append(_grads(model.parameters()))
                 opt.step()
                 opt.zero_grad()
                 losses.append(loss.item())
-            runs[device] = (losses, [p.detach().cpu() for p in model.parameters()])
+            runs[device] = (losses, [p.detach().cpu() for p in model.parameters()], grads)
         res[f"find_unused={find_unused}"] = _compare_runs("ddp", runs)
     # replicas stay identical across ranks
     gathered = [None] * world()
@@ -404,15 +428,16 @@ def fsdp2(out):
             if "offload_policy" in kw:
                 assert all(p.device.type == "cpu" for p in model.parameters())
             opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-            losses = []
+            losses, grads = [], []
             for step in range(STEPS):
                 x, y = (t.to("cpu" if device == "cpu" else dev()) for t in _batch(step))
                 loss = nn.functional.mse_loss(model(x).float(), y)
                 loss.backward()
+                grads.append(_grads(model.parameters()))
                 opt.step()
                 opt.zero_grad()
                 losses.append(loss.item())
-            runs[device] = (losses, [p.full_tensor().detach().cpu() for p in model.parameters()])
+            runs[device] = (losses, [p.full_tensor().detach().cpu() for p in model.parameters()], grads)
         tol = dict(rtol=2e-2, atol=2e-2) if "bf16" in name else dict(rtol=1e-5, atol=1e-5)
         res[name] = _compare_runs(f"fsdp2 {name}", runs, **tol)
     return res
@@ -457,16 +482,17 @@ def tensor_parallel(out):
         model = Block().to("cpu" if device == "cpu" else dev())
         parallelize_module(model, mesh, plan)
         opt = torch.optim.SGD(model.parameters(), lr=0.05)
-        losses = []
+        losses, grads = [], []
         for step in range(STEPS):
             g = torch.Generator().manual_seed(step)  # TP: every rank sees the same batch
             x = torch.randn(2, 8, 32, generator=g).to("cpu" if device == "cpu" else dev())
             loss = model(x).square().mean()
             loss.backward()
+            grads.append(_grads(model.parameters()))
             opt.step()
             opt.zero_grad()
             losses.append(loss.item())
-        runs[device] = (losses, [p.full_tensor().detach().cpu() for p in model.parameters()])
+        runs[device] = (losses, [p.full_tensor().detach().cpu() for p in model.parameters()], grads)
     return {"block": _compare_runs("tensor parallel", runs, rtol=1e-4, atol=1e-5)}
 
 
@@ -483,7 +509,7 @@ def pipeline_parallel(out):
             stage = PipelineStage(stage_mod, stage_index=rank(), num_stages=world(), device=d)
             sched = sched_cls(stage, n_microbatches=4, loss_fn=nn.functional.mse_loss)
             opt = torch.optim.SGD(stage_mod.parameters(), lr=0.05)
-            losses = []
+            losses, grads = [], []
             for step in range(STEPS):
                 g = torch.Generator().manual_seed(step)
                 x, y = torch.randn(8, 16, generator=g).to(d), torch.randn(8, 4, generator=g).to(d)
@@ -494,9 +520,10 @@ def pipeline_parallel(out):
                     mb = []
                     sched.step(target=y, losses=mb)
                     losses.append(torch.stack([m.detach().cpu() for m in mb]).mean().item())
+                grads.append(_grads(stage_mod.parameters()))
                 opt.step()
                 opt.zero_grad()
-            runs[device] = (losses, [p.detach().cpu() for p in stage_mod.parameters()])
+            runs[device] = (losses, [p.detach().cpu() for p in stage_mod.parameters()], grads)
         res[sched_cls.__name__] = _compare_runs(sched_cls.__name__, runs)
     return res
 
@@ -510,15 +537,16 @@ def zero(out):
         d = torch.device("cpu") if device == "cpu" else dev()
         model = DDP(_mlp().to(d))
         opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW, lr=1e-2)
-        losses = []
+        losses, grads = [], []
         for step in range(STEPS):
             x, y = (t.to(d) for t in _batch(step))
             loss = nn.functional.mse_loss(model(x), y)
             loss.backward()
+            grads.append(_grads(model.parameters()))
             opt.step()
             opt.zero_grad()
             losses.append(loss.item())
-        runs[device] = (losses, [p.detach().cpu() for p in model.parameters()])
+        runs[device] = (losses, [p.detach().cpu() for p in model.parameters()], grads)
         owned = sum(p.numel() for g in opt.optim.param_groups for p in g["params"])
         assert owned < sum(p.numel() for p in model.parameters()), "ZeRO should shard optimizer state"
     return {"zero": _compare_runs("zero", runs)}
