@@ -85,8 +85,10 @@ def test_bad_transport_setting_is_a_clear_error(monkeypatch, value):
     assert nd._env_count("TORCH_NEURONX_DIST_CONNECTIONS", nd.DEFAULT_CONNECTIONS) == 2
 
 
-def test_direct_algorithms_with_three_ranks(tmp_path):
-    results, _ = launch("direct_algorithms", tmp_path, nprocs=3)
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_direct_algorithms_against_known_values(tmp_path, nprocs):
+    # 2 ranks: the one-step exchange (up to 1 MB); 3: the reduce-scatter and allgather
+    results, _ = launch("direct_algorithms", tmp_path, nprocs=nprocs)
     assert all(r["checked"] >= 60 for r in results), results
 
 
@@ -142,11 +144,21 @@ def test_dead_peer_raises_on_the_survivor_within_the_timeout(tmp_path):
     assert r["after_s"] < 20
 
 
+def test_stalled_peer_makes_every_other_rank_raise_at_the_timeout(tmp_path):
+    results, outs = launch("peer_stalls", tmp_path, nprocs=3, JOB_TIMEOUT_S=5)
+    for r in results[:2]:
+        assert r["raised"] in ("RuntimeError", "DistBackendError") and "c10d::allreduce failed" in r["message"], r
+        assert 4 <= r["after_s"] < 15, r
+
+
 def test_mismatched_sizes_raise_on_every_rank(tmp_path):
     results, _ = launch("mismatch", tmp_path)
     for r in results:
-        assert "collective mismatch" in r["message"]
-        assert "rank 0: ALLREDUCE of 10 Float" in r["message"] and "rank 1: ALLREDUCE of 20 Float" in r["message"]
+        m = r["all_reduce"]["message"]
+        assert "collective mismatch" in m
+        assert "rank 0: ALLREDUCE of 10 Float" in m and "rank 1: ALLREDUCE of 20 Float" in m
+        for name in ("all_to_all_single", "all_to_all"):
+            assert "all_to_all split mismatch" in r[name]["message"], r[name]
 
 
 def test_transfers_and_barriers_are_ordered_after_collectives(tmp_path):

@@ -135,8 +135,14 @@ struct CollectiveState {
 struct Fingerprint {
   int64_t op = 0, dtype = -1, numel = 0, root = -1, reduce = -1;
   static constexpr int64_t kFields = 5, kMagic = 0x4e4e5843;  // "NNXC"
+  // All-to-all sizes may differ by rank (uneven splits): their numel is 0, and
+  // root and reduce carry the split signature (see split_signature()).
+  bool all_to_all() const {
+    return op == static_cast<int64_t>(c10d::OpType::ALLTOALL) || op == static_cast<int64_t>(c10d::OpType::ALLTOALL_BASE);
+  }
   std::string describe(const char* name) const {
     std::string s = name;
+    if (all_to_all()) return dtype >= 0 ? s + " of " + c10::toString(static_cast<c10::ScalarType>(dtype)) : s;
     if (dtype >= 0) s += " of " + std::to_string(numel) + " " + c10::toString(static_cast<c10::ScalarType>(dtype)) +
                          " elements";
     if (root >= 0) s += " (root " + std::to_string(root) + ")";
@@ -144,6 +150,34 @@ struct Fingerprint {
     return s;
   }
 };
+
+namespace {
+uint64_t mix(uint64_t x) {  // splitmix64's finalizer
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ULL;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+uint64_t transfer_hash(int64_t from, int64_t to, int64_t count) {
+  return mix(mix(mix(static_cast<uint64_t>(from)) ^ static_cast<uint64_t>(to)) ^ static_cast<uint64_t>(count));
+}
+}  // namespace
+
+// An all-to-all's splits agree when every count a rank sends is the count its
+// peer expects. Each rank knows only its own sends and receives, so it
+// contributes a hash sum of each: the sums over all ranks are equal when the
+// splits agree (and differ, but for a 2^-64 chance, when they do not).
+Fingerprint split_signature(Fingerprint f, int rank, const std::vector<int64_t>& sends,
+                            const std::vector<int64_t>& receives) {
+  uint64_t sent = 0, expected = 0;
+  for (size_t peer = 0; peer < sends.size(); ++peer) sent += transfer_hash(rank, peer, sends[peer]);
+  for (size_t peer = 0; peer < receives.size(); ++peer) expected += transfer_hash(peer, rank, receives[peer]);
+  f.numel = 0;
+  f.root = static_cast<int64_t>(sent);
+  f.reduce = static_cast<int64_t>(expected);
+  return f;
+}
 
 Fingerprint fingerprint(c10d::OpType type, const std::vector<at::Tensor>& key, int64_t root = -1, int reduce = -1) {
   Fingerprint f;
@@ -285,13 +319,24 @@ void Sequencer::check(uint64_t seq, c10d::Backend& control) {
     for (int64_t i = 0; i < checked; ++i) {
       std::vector<Fingerprint> per_rank;
       bool same = true;
+      uint64_t sent = 0, expected = 0;  // all-to-all: the split signature's sums
       for (int r = 0; r < n; ++r) {
         const int64_t* x = a + r * kWords + 2 + i * Fingerprint::kFields;
         per_rank.push_back(Fingerprint{x[0], x[1], x[2], x[3], x[4]});
-        same = same && std::equal(x, x + Fingerprint::kFields, a + 2 + i * Fingerprint::kFields);
+        const int64_t* first = a + 2 + i * Fingerprint::kFields;
+        same = same && (per_rank[0].all_to_all() ? x[0] == first[0] && x[1] == first[1]
+                                                 : std::equal(x, x + Fingerprint::kFields, first));
+        sent += static_cast<uint64_t>(x[3]);
+        expected += static_cast<uint64_t>(x[4]);
       }
       pending_[i].checked = true;
-      if (!same) pending_[i].error = mismatch_message(per_rank);
+      if (!same) {
+        pending_[i].error = mismatch_message(per_rank);
+      } else if (per_rank[0].all_to_all() && sent != expected) {
+        pending_[i].error =
+            "all_to_all split mismatch: the element counts some rank sends differ from what its peers expect to "
+            "receive (rank r's input split for rank j must equal rank j's output split for rank r).";
+      }
     }
   }
   std::string error = std::move(pending_.front().error);
@@ -567,6 +612,27 @@ c10::intrusive_ptr<c10d::Work> direct_allgather(const Direct& d, const at::Tenso
     at::Tensor own = flat_out.narrow(0, d.rank * n, n);
     if (own.data_ptr() != flat_in.data_ptr()) own.copy_(flat_in);
   }
+  return c10::make_intrusive<JoinedWork>(std::move(parts));
+}
+
+// all_to_all of contiguous tensors, as NCCL runs it: a send and a receive
+// with every peer, so the tensors may differ in size (uneven splits), each
+// moving straight from the input into the output.
+bool direct_alltoall_applies(const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& inputs) {
+  auto contiguous = [](const at::Tensor& t) { return t.is_contiguous(); };
+  return std::all_of(outputs.begin(), outputs.end(), contiguous) && std::all_of(inputs.begin(), inputs.end(), contiguous);
+}
+
+c10::intrusive_ptr<c10d::Work> direct_alltoall(const Direct& d, const std::vector<at::Tensor>& outputs,
+                                               const std::vector<at::Tensor>& inputs) {
+  std::vector<c10::intrusive_ptr<c10d::Work>> parts;
+  for (int peer = 0; peer < d.size; ++peer) {
+    if (peer == d.rank) continue;
+    if (outputs[peer].numel() > 0) parts.push_back(recv(d, outputs[peer].view(-1), peer, d.tag(0)));
+    if (inputs[peer].numel() > 0) parts.push_back(send(d, inputs[peer].view(-1), peer, d.tag(0)));
+  }
+  at::Tensor own = outputs[d.rank];
+  if (own.numel() > 0 && own.data_ptr() != inputs[d.rank].data_ptr()) own.copy_(inputs[d.rank]);
   return c10::make_intrusive<JoinedWork>(std::move(parts));
 }
 
@@ -988,12 +1054,6 @@ void check_reduce_op(const char* name, const c10d::ReduceOp& op, const std::vect
   }
 }
 
-// All-to-all sizes may differ by rank (uneven splits): only op and dtype must agree.
-Fingerprint unsized(Fingerprint f) {
-  f.numel = 0;
-  return f;
-}
-
 // Inputs of a reduce-scatter are not written by the collective: premultiply a copy.
 std::vector<at::Tensor> premultiplied(const c10d::ReduceOp& op, const std::vector<at::Tensor>& h) {
   if (op != c10d::ReduceOp::PREMUL_SUM) return h;
@@ -1251,7 +1311,29 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::alltoall_base(at::Tensor& out
   std::vector<at::Tensor> all{output, input};
   NEURON_C10D_PLACE("all_to_all_single", all)
   at::Tensor ho = host({output})[0], hi = host({input})[0];
-  const Fingerprint fp = unsized(fingerprint(c10d::OpType::ALLTOALL_BASE, {input}));
+  // Element counts per peer (splits count rows; none: equal parts).
+  auto counts = [&](const at::Tensor& t, const std::vector<int64_t>& splits) {
+    TORCH_CHECK_VALUE(splits.empty() || static_cast<int>(splits.size()) == size_, "all_to_all_single: expected ",
+                      size_, " split sizes, got ", splits.size());
+    const int64_t rows = t.dim() > 0 ? t.size(0) : 1, row = rows > 0 ? t.numel() / rows : 0;
+    std::vector<int64_t> c(size_);
+    int64_t total = 0;
+    for (int j = 0; j < size_; ++j) {
+      c[j] = (splits.empty() ? rows / size_ : splits[j]) * row;
+      total += splits.empty() ? rows / size_ : splits[j];
+    }
+    TORCH_CHECK_VALUE(splits.empty() ? rows % size_ == 0 : total == rows, "all_to_all_single: ",
+                      splits.empty() ? "without split sizes, dim 0 (" + std::to_string(rows) +
+                                           ") must divide by the world size (" + std::to_string(size_) + ")"
+                                     : "the split sizes add up to " + std::to_string(total) + ", not dim 0 (" +
+                                           std::to_string(rows) + ")");
+    return c;
+  };
+  const auto sends = counts(input, input_splits), receives = counts(output, output_splits);
+  TORCH_CHECK_VALUE(sends[rank_] == receives[rank_], "all_to_all_single: this rank sends itself ", sends[rank_],
+                    " elements but expects ", receives[rank_]);
+  const Fingerprint fp =
+      split_signature(fingerprint(c10d::OpType::ALLTOALL_BASE, {input}), rank_, sends, receives);
   return run_collective(links(), &fp, ordering_queue(d), c10d::OpType::ALLTOALL_BASE, "c10d::all_to_all_single", d, on_host, all,
                         {output},
                         [ho, hi, output_splits, input_splits, opts](c10d::Backend& g, const Direct&) mutable {
@@ -1263,14 +1345,31 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::alltoall_base(at::Tensor& out
 c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::alltoall(std::vector<at::Tensor>& outputs,
                                                             std::vector<at::Tensor>& inputs,
                                                             const c10d::AllToAllOptions& opts) {
+  TORCH_CHECK_VALUE(static_cast<int>(outputs.size()) == size_ && static_cast<int>(inputs.size()) == size_,
+                    "all_to_all: expected one input and one output tensor per rank (", size_, "), got ", inputs.size(),
+                    " inputs and ", outputs.size(), " outputs");
   auto all = outputs;
   all.insert(all.end(), inputs.begin(), inputs.end());
+  for (const auto& t : all)
+    TORCH_CHECK_VALUE(t.scalar_type() == inputs[0].scalar_type(), "all_to_all: every tensor must have the dtype ",
+                      inputs[0].scalar_type(), ", got one of ", t.scalar_type());
   NEURON_C10D_PLACE("all_to_all", all)
   auto ho = host(outputs);
   auto hi = host(inputs);
-  const Fingerprint fp = unsized(fingerprint(c10d::OpType::ALLTOALL, inputs));
+  std::vector<int64_t> sends, receives;
+  for (int j = 0; j < size_; ++j) {
+    sends.push_back(inputs[j].numel());
+    receives.push_back(outputs[j].numel());
+  }
+  TORCH_CHECK_VALUE(sends[rank_] == receives[rank_], "all_to_all: this rank's input for itself has ", sends[rank_],
+                    " elements, its output for itself ", receives[rank_]);
+  const Fingerprint fp = split_signature(fingerprint(c10d::OpType::ALLTOALL, inputs), rank_, sends, receives);
   return run_collective(links(), &fp, ordering_queue(d), c10d::OpType::ALLTOALL, "c10d::all_to_all", d, on_host, all, outputs,
-                        [ho, hi, opts](c10d::Backend& g, const Direct&) mutable { return g.alltoall(ho, hi, opts); }, nullptr);
+                        [ho, hi, opts](c10d::Backend& g, const Direct& direct) mutable {
+                          if (direct_alltoall_applies(ho, hi)) return direct_alltoall(direct, ho, hi);
+                          return g.alltoall(ho, hi, opts);
+                        },
+                        nullptr);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::send(std::vector<at::Tensor>& tensors, int dst, int tag) {
@@ -1291,7 +1390,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::recvAnysource(std::vector<at:
   NEURON_C10D_PLACE("recv", tensors)
   auto h = host(tensors);
   return run_collective(links(), nullptr, ordering_queue(d), c10d::OpType::RECVANYSOURCE, "c10d::recv", d, on_host, tensors, tensors,
-                        [h, tag](c10d::Backend& g, const Direct&) mutable { return g.recvAnysource(h, tag); }, nullptr);
+                        [h, tag](c10d::Backend& g, const Direct&) mutable {
+                          // Gloo's receive from any source rejects an empty buffer; an empty
+                          // message fits in a 1-byte one (the work holds it).
+                          if (h.size() == 1 && h[0].numel() == 0) {
+                            std::vector<at::Tensor> scratch{at::empty({1}, at::kByte)};
+                            return g.recvAnysource(scratch, tag);
+                          }
+                          return g.recvAnysource(h, tag);
+                        },
+                        nullptr);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::barrier(const c10d::BarrierOptions& opts) {

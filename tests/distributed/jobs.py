@@ -64,9 +64,10 @@ def _run_both(fn, *tensors):
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.int32)
 
 
-def _every_collective(dtype, size):
+def _every_collective(dtype, size, every_op=True):
     """Every collective on `size` elements of `dtype` per rank, neuron against Gloo on CPU;
-    returns how many were compared."""
+    returns how many were compared. every_op=False: the reductions with SUM and MAX only (an
+    elementwise op is the same at every size; the large sizes are there for the transport)."""
     r, n = rank(), world()
     checked = 0
     RO = dist.ReduceOp
@@ -74,6 +75,9 @@ def _every_collective(dtype, size):
     ops = [RO.SUM, RO.PRODUCT, RO.MIN, RO.MAX]
     if not dtype.is_floating_point:
         ops += [RO.BAND, RO.BOR, RO.BXOR]
+    if not every_op:
+        ops = [RO.SUM, RO.MAX]
+    gloo_ops = [op for op in ops if op in (RO.SUM, RO.PRODUCT, RO.MIN, RO.MAX)]  # its reduce-scatter's
     tol = dict(rtol=1e-2, atol=1e-2) if dtype in (torch.bfloat16, torch.float16) else {}
     for op in ops:
         c, d = _run_both(lambda t: dist.all_reduce(t, op=op), x)
@@ -95,8 +99,18 @@ def _every_collective(dtype, size):
     checked += 2
     c, d = _run_both(lambda t: dist.broadcast(t, src=1), x)
     close(d[0], c[0], f"broadcast {dtype}")
-    c, d = _run_both(lambda t: dist.reduce(t, dst=0, op=RO.MAX), x)
-    close(d[0], c[0], f"reduce {dtype}")
+    for op in ops:
+        c, d = _run_both(lambda t: dist.reduce(t, dst=0, op=op), x)
+        if r == 0:  # the other ranks' tensors are scratch space
+            close(d[0], c[0], f"reduce {op} {dtype}", **tol)
+        checked += 1
+    if dtype.is_floating_point:
+        c, _ = _run_both(lambda t: dist.reduce(t, dst=0, op=RO.SUM), x)
+        d = x.to(dev())
+        dist.reduce(d, dst=0, op=RO.AVG)
+        if r == 0:
+            close(d, (c[0].float() / n).to(dtype), f"reduce AVG {dtype}", **tol)
+        checked += 1
     # all_gather (list), all_gather_into_tensor, reduce_scatter(_tensor), all_to_all(_single)
     outs_c = [torch.empty_like(x) for _ in range(n)]
     outs_d = [torch.empty_like(x, device=dev()) for _ in range(n)]
@@ -110,19 +124,26 @@ def _every_collective(dtype, size):
     close(big_d, big_c, f"all_gather_into_tensor {dtype}")
     inp = _value((n * size,), dtype, seed=r + 7)
     rs_c, rs_d = torch.empty(size, dtype=dtype), torch.empty(size, dtype=dtype, device=dev())
-    dist.reduce_scatter_tensor(rs_c, inp)
-    dist.reduce_scatter_tensor(rs_d, inp.to(dev()))
-    close(rs_d, rs_c, f"reduce_scatter_tensor {dtype}", **tol)
+    for op in gloo_ops:
+        dist.reduce_scatter_tensor(rs_c, inp, op=op)
+        dist.reduce_scatter_tensor(rs_d, inp.to(dev()), op=op)
+        close(rs_d, rs_c, f"reduce_scatter_tensor {op} {dtype}", **tol)
+        checked += 1
     lst = list(inp.chunk(n)) if size else [torch.empty(0, dtype=dtype) for _ in range(n)]
-    dist.reduce_scatter(rs_c, lst)
-    dist.reduce_scatter(rs_d, [t.to(dev()) for t in lst])
-    close(rs_d, rs_c, f"reduce_scatter {dtype}", **tol)
-    if dtype.is_floating_point:
-        dist.reduce_scatter_tensor(rs_d, inp.to(dev()), op=RO.AVG)
+    for op in gloo_ops:
+        dist.reduce_scatter(rs_c, lst, op=op)
+        dist.reduce_scatter(rs_d, [t.to(dev()) for t in lst], op=op)
+        close(rs_d, rs_c, f"reduce_scatter {op} {dtype}", **tol)
+        checked += 1
+    if dtype.is_floating_point:  # AVG and PREMUL_SUM: against SUM on CPU
         dist.reduce_scatter_tensor(rs_c, inp)
+        dist.reduce_scatter_tensor(rs_d, inp.to(dev()), op=RO.AVG)
         close(rs_d, (rs_c.float() / n).to(dtype), f"reduce_scatter_tensor AVG {dtype}", **tol)
-    # uneven all_to_all_single: rank r sends (j + 1) * (size % 5 + 1) elements to rank j
-    k = size % 5 + 1
+        dist.reduce_scatter_tensor(rs_d, inp.to(dev()), op=dist._make_nccl_premul_sum(0.25))
+        close(rs_d, (rs_c.float() * 0.25).to(dtype), f"reduce_scatter_tensor PREMUL_SUM {dtype}", **tol)
+        checked += 2
+    # uneven all_to_all_single: rank r sends (j + 1) * k elements to rank j, k growing with size
+    k = size // n + size % 5 + 1
     in_splits = [(j + 1) * k for j in range(n)]
     out_splits = [(r + 1) * k] * n
     src = _value((sum(in_splits),), dtype, seed=r + 11)
@@ -138,6 +159,14 @@ def _every_collective(dtype, size):
     dist.all_to_all(o_d, [t.to(dev()) for t in ins])
     for a, b in zip(o_d, o_c):
         close(a, b, f"all_to_all {dtype}")
+    # uneven all_to_all (lists, as NCCL takes them; Gloo's need one size): rank q sends
+    # size // 2 + q + 2 * j elements to rank j, against the known values
+    def count(q, j):
+        return size // 2 + q + 2 * j
+    o_d = [torch.empty(count(q, r), dtype=dtype, device=dev()) for q in range(n)]
+    dist.all_to_all(o_d, [_value((count(r, j),), dtype, seed=r * 10 + j).to(dev()) for j in range(n)])
+    for q, a in enumerate(o_d):
+        close(a, _value((count(q, r),), dtype, seed=q * 10 + r), f"all_to_all uneven {dtype} from rank {q}")
     # gather / scatter
     g_c = [torch.empty_like(x) for _ in range(n)] if r == 0 else None
     g_d = [torch.empty_like(x, device=dev()) for _ in range(n)] if r == 0 else None
@@ -151,18 +180,29 @@ def _every_collective(dtype, size):
     dist.scatter(s_c, sc_in, src=1)
     dist.scatter(s_d, [t.to(dev()) for t in sc_in] if sc_in else None, src=1)
     close(s_d, s_c, f"scatter {dtype}")
-    # send/recv with tags, in both directions
+    # send/recv with tags, in both directions: sent in one order, received in the other, so a
+    # receive that ignored its tag would get the other message
     peer = 1 - r
-    for tag in (3, 4):
-        if r == 0:
-            dist.send(x.to(dev()), dst=peer, tag=tag)
-            got = torch.empty_like(x, device=dev())
-            dist.recv(got, src=peer, tag=tag)
+    def payload(q, tag):
+        return _value((size,), dtype, seed=q * 100 + size + tag)
+    for sender in (0, 1):
+        if r == sender:
+            works = [dist.isend(payload(r, tag).to(dev()), dst=peer, tag=tag) for tag in (4, 3)]
+            for w in works:
+                w.wait()
         else:
-            got = torch.empty_like(x, device=dev())
-            dist.recv(got, src=peer, tag=tag)
-            dist.send(x.to(dev()), dst=peer, tag=tag)
-        close(got, _value((size,), dtype, seed=peer * 100 + size), f"send/recv tag {tag} {dtype}")
+            for tag in (3, 4):
+                got = torch.empty(size, dtype=dtype, device=dev())
+                dist.recv(got, src=peer, tag=tag)
+                close(got, payload(peer, tag), f"send/recv tag {tag} {dtype}")
+    # a receive from any source reports the sender
+    if r == 0:
+        dist.send(payload(r, 9).to(dev()), dst=peer, tag=9)
+    elif r == 1:
+        got = torch.empty(size, dtype=dtype, device=dev())
+        src = dist.recv(got, tag=9)
+        assert src == 0, f"recv from any source: sender {src}"
+        close(got, payload(0, 9), f"recv from any source {dtype}")
     checked += 14
     return checked
 
@@ -234,7 +274,7 @@ def collectives_64mb(out):
     (segmented rings, partial socket writes) rather than the small-message ones."""
     checked = 0
     for dtype in DTYPES:
-        checked += _every_collective(dtype, (64 << 20) // torch.empty(0, dtype=dtype).element_size())
+        checked += _every_collective(dtype, (64 << 20) // torch.empty(0, dtype=dtype).element_size(), every_op=False)
     return {"checked": checked}
 
 
@@ -579,6 +619,15 @@ def dtensor(out):
         group0 = mesh.get_group(0)
         members = dist.get_process_group_ranks(group0)
         close(r, torch.ones(3, 4) * sum(m + 1 for m in members), f"{name} Partial->Replicate")
+        # Partial -> Shard is a reduce-scatter; a max Partial reduces with MAX
+        local = torch.arange(4.0 * 4, device=dev()).view(4, 4) * (rank() + 1)
+        p = DTensor.from_local(local, mesh, [Partial()] + [Replicate()] * (k - 1))
+        sh = p.redistribute(mesh, [Shard(0)] + [Replicate()] * (k - 1))
+        close(sh.full_tensor(), torch.arange(16.0).view(4, 4) * sum(m + 1 for m in members), f"{name} Partial->Shard(0)")
+        pm = DTensor.from_local(local, mesh, [Partial("max")] + [Replicate()] * (k - 1))
+        close(pm.redistribute(mesh, [Replicate()] * k).to_local(), torch.arange(16.0).view(4, 4) * max(m + 1 for m in members),
+              f"{name} Partial(max)->Replicate")
+        checked += 2
         # a matmul of sharded DTensors matches the full one
         a = distribute_tensor(full, mesh, [Shard(0)] + [Replicate()] * (k - 1))
         b = distribute_tensor(full.t().contiguous(), mesh, [Replicate()] * k)
@@ -642,34 +691,71 @@ def dcp_load(out):
 
 @job
 def peer_dies(out):
+    """Rank 1 dies while a 256 MB all_reduce is moving (its data half sent), without a word to
+    the others: rank 0's all_reduce raises."""
     t = torch.ones(1000, device=dev())
     dist.all_reduce(t)
     t.cpu()
-    if rank() == 1:
-        os._exit(17)  # dies between collectives, without a word to the others
+    big = torch.ones(64 << 20, device=dev())
     start = time.time()
+    if rank() == 1:
+        dist.all_reduce(big, async_op=True)
+        time.sleep(0.05)
+        os._exit(17)
     try:
-        dist.all_reduce(t)
-        t.cpu()
+        dist.all_reduce(big)
+        big.cpu()
     except Exception as e:  # noqa: BLE001
         return {"raised": type(e).__name__, "message": str(e)[:500], "after_s": time.time() - start}
     raise AssertionError("all_reduce with a dead peer did not raise")
 
 
 @job
-def mismatch(out):
-    t = torch.ones(10 if rank() == 0 else 20, device=dev())
+def peer_stalls(out):
+    """The last rank is alive but never joins the all_reduce: every other rank raises once the
+    group's timeout (JOB_TIMEOUT_S) has passed, not before and not much after."""
+    t = torch.ones(1000, device=dev())
+    dist.all_reduce(t)
+    t.cpu()
+    if rank() == world() - 1:
+        time.sleep(float(os.environ["JOB_TIMEOUT_S"]) + 10)
+        os._exit(0)  # its peers have given up on the group
+    start = time.time()
     try:
         dist.all_reduce(t)
         t.cpu()
     except Exception as e:  # noqa: BLE001
-        msg = str(e)
-        # the group stays usable after the reported mismatch
+        return {"raised": type(e).__name__, "message": str(e)[:500], "after_s": time.time() - start}
+    raise AssertionError("all_reduce with a stalled peer did not raise")
+
+
+@job
+def mismatch(out):
+    """Ranks that disagree (all_reduce sizes; all-to-all splits, where each rank's own sizes are
+    consistent but rank 1 expects 5 elements from rank 0, which sends 4) get an error on every
+    rank before any data moves, and the group stays usable."""
+    res = {}
+    r = rank()
+    sends, receives = ([2, 4], [2, 3]) if r == 0 else ([3, 3], [5, 3])
+    cases = {
+        "all_reduce": lambda: dist.all_reduce(torch.ones(10 if r == 0 else 20, device=dev())),
+        "all_to_all_single": lambda: dist.all_to_all_single(
+            torch.empty(sum(receives), device=dev()), torch.ones(sum(sends), device=dev()), receives, sends),
+        "all_to_all": lambda: dist.all_to_all([torch.empty(k, device=dev()) for k in receives],
+                                              [torch.ones(k, device=dev()) for k in sends]),
+    }
+    for name, call in cases.items():
+        try:
+            call()
+            torch.neuron.synchronize()
+        except Exception as e:  # noqa: BLE001
+            res[name] = {"raised": type(e).__name__, "message": str(e)[:800]}
+        else:
+            raise AssertionError(f"mismatched {name} did not raise")
         u = torch.ones(4, device=dev())
         dist.all_reduce(u)
-        close(u, torch.full((4,), float(world())), "all_reduce after a mismatch")
-        return {"raised": type(e).__name__, "message": msg[:800]}
-    raise AssertionError("mismatched all_reduce did not raise")
+        close(u, torch.full((4,), float(world())), f"all_reduce after a mismatched {name}")
+    return res
 
 
 @job
@@ -772,6 +858,10 @@ def subgroup_at_exit(out):
 
 
 KEEP_GROUP_AT_EXIT = {"subgroup_at_exit"}  # these end with the default group alive
+# Jobs whose reference runs on CPU tensors: there, CPU tensors go to Gloo ("cpu:gloo"), so the
+# reference is Gloo's, not this backend's own CPU path (which a plain "neuron" group would use).
+GLOO_REFERENCE = {"collectives", "collectives_64mb", "ddp", "fsdp2", "tensor_parallel", "pipeline_parallel",
+                  "zero"}
 
 
 @job
@@ -795,10 +885,11 @@ def main():
     local = int(os.environ.get("LOCAL_RANK", os.environ["RANK"]))
     # As with CUDA: each rank makes its device current, then joins the group.
     torch.neuron.set_device(local % torch.neuron.device_count())
+    backend = "cpu:gloo,neuron:neuron" if name in GLOO_REFERENCE else "neuron"
     if name == "launch_info":
-        dist.init_process_group("neuron", timeout=timeout)
+        dist.init_process_group(backend, timeout=timeout)
     else:
-        dist.init_process_group("neuron", timeout=timeout,
+        dist.init_process_group(backend, timeout=timeout,
                                 device_id=torch.device("neuron", local % torch.neuron.device_count()))
     result = JOBS[name](out)
     with open(os.path.join(out, f"{name}.rank{rank()}.json"), "w") as f:
