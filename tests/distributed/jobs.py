@@ -212,7 +212,7 @@ def collectives(out):
     r, n = rank(), world()
     RO = dist.ReduceOp
     checked = 0
-    for dtype in DTYPES:
+    for dtype in DTYPES + (torch.float64, torch.int8, torch.uint8):
         for size in (0, 1, 1023):
             checked += _every_collective(dtype, size)
     # the coalesced forms and functional collectives
@@ -633,6 +633,15 @@ def dtensor(out):
         b = distribute_tensor(full.t().contiguous(), mesh, [Replicate()] * k)
         close((a @ b).full_tensor(), full @ full.t(), f"{name} sharded matmul")
         checked += 2
+    # new_group subgroups: each pair reduces among itself
+    pairs = [dist.new_group([0, 2]), dist.new_group([1, 3])] if n == 4 else []
+    for g in pairs:
+        members = dist.get_process_group_ranks(g)
+        if rank() in members:
+            t = torch.full((5,), float(rank() + 1), device=dev())
+            dist.all_reduce(t, group=g)
+            close(t, torch.full((5,), float(sum(m + 1 for m in members))), f"all_reduce in new_group({members})")
+            checked += 1
     return {"checked": checked}
 
 
@@ -838,6 +847,34 @@ def transfer_wait_timeout(out):
 
 
 @job
+def streams(out):
+    """Work.wait() makes the caller's stream wait instead of blocking the host (as NCCL), and a
+    collective issued on a side stream runs after the work queued there."""
+    r, n = rank(), world()
+    side = torch.neuron.Stream()
+    with torch.neuron.stream(side):
+        x = torch.zeros(1 << 16, device=dev())
+        for _ in range(20):  # queued on the side stream, not yet run
+            x = x + 1
+        w = dist.all_reduce(x, async_op=True)
+    w.wait()  # the default stream waits for the collective
+    y = x * 2  # on the default stream
+    close(y, torch.full((1 << 16,), 40.0 * n), "all_reduce of side-stream work, read on the default stream")
+    # The peer joins 1.5 s late: wait() returns at once, the data arrives with the stream.
+    t = torch.ones(8, device=dev())
+    if r == 1:
+        time.sleep(1.5)
+    w = dist.all_reduce(t, async_op=True)
+    start = time.monotonic()
+    w.wait()
+    waited = time.monotonic() - start
+    done_at_wait = w.is_completed()
+    u = t + 1  # queued behind the collective
+    close(u, torch.full((8,), float(n) + 1), "compute queued after wait()")
+    return {"wait_s": waited, "completed_at_wait": done_at_wait, "until_data_s": time.monotonic() - start}
+
+
+@job
 def subgroup_at_exit(out):
     """A subgroup destroyed by the user while its parent lives on to interpreter exit (the
     parent remembers its last split), and a collective still queued at exit: the exit must
@@ -883,12 +920,16 @@ def main():
     name, out = sys.argv[1], sys.argv[2]
     timeout = datetime.timedelta(seconds=float(os.environ.get("JOB_TIMEOUT_S", "60")))
     local = int(os.environ.get("LOCAL_RANK", os.environ["RANK"]))
-    # As with CUDA: each rank makes its device current, then joins the group.
-    torch.neuron.set_device(local % torch.neuron.device_count())
     backend = "cpu:gloo,neuron:neuron" if name in GLOO_REFERENCE else "neuron"
     if name == "launch_info":
-        dist.init_process_group(backend, timeout=timeout)
+        # No set_device: the current device comes from LOCAL_RANK (or NEURON_RT_VISIBLE_CORES).
+        if os.environ.get("LAUNCH_INIT") == "device_id":  # the backend follows from the device
+            dist.init_process_group(timeout=timeout, device_id=torch.device("neuron", torch.neuron.current_device()))
+        else:
+            dist.init_process_group(backend, timeout=timeout)
     else:
+        # As with CUDA: each rank makes its device current, then joins the group.
+        torch.neuron.set_device(local % torch.neuron.device_count())
         dist.init_process_group(backend, timeout=timeout,
                                 device_id=torch.device("neuron", local % torch.neuron.device_count()))
     result = JOBS[name](out)
