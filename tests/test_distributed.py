@@ -68,10 +68,11 @@ def test_every_collective_at_64mb_matches_gloo(tmp_path):
 
 def test_transport_with_one_connection_and_three_connections(tmp_path):
     # The default is two connections per peer; the setting changes how collectives are spread,
-    # never their results.
+    # never their results. Peer access off: every collective's data goes through Gloo, as
+    # between hosts.
     for conns, threads in ((1, 1), (3, 2)):
         results, _ = launch("collectives", tmp_path, TORCH_NEURONX_DIST_CONNECTIONS=conns,
-                            TORCH_NEURONX_DIST_THREADS=threads)
+                            TORCH_NEURONX_DIST_THREADS=threads, TORCH_NEURONX_DIST_PEER_ACCESS=0)
         assert all(r["checked"] >= 8 * 3 * 20 for r in results)
 
 
@@ -86,10 +87,20 @@ def test_bad_transport_setting_is_a_clear_error(monkeypatch, value):
 
 
 @pytest.mark.parametrize("nprocs", [2, 3])
-def test_direct_algorithms_against_known_values(tmp_path, nprocs):
-    # 2 ranks: the one-step exchange (up to 1 MB); 3: the reduce-scatter and allgather
-    results, _ = launch("direct_algorithms", tmp_path, nprocs=nprocs)
-    assert all(r["checked"] >= 60 for r in results), results
+@pytest.mark.parametrize("peer_access", ["1", "0"])
+def test_direct_algorithms_against_known_values(tmp_path, nprocs, peer_access):
+    # Peer access (one host, the default): each rank reduces its part read from its peers'
+    # memory and writes it into theirs. Off, over Gloo: 2 ranks, the one-step exchange (up to
+    # 1 MB); 3, the reduce-scatter and allgather.
+    results, _ = launch("direct_algorithms", tmp_path, nprocs=nprocs, TORCH_NEURONX_DIST_PEER_ACCESS=peer_access)
+    assert all(r["checked"] >= 62 for r in results), results
+    assert all(r["peer_access"] is (peer_access == "1") for r in results), results
+
+
+def test_bad_peer_access_setting_is_a_clear_error(tmp_path):
+    _, outs = launch("launch_info", tmp_path, expect_ok=False, TORCH_NEURONX_DIST_PEER_ACCESS="yes")
+    for rc, out in outs:
+        assert rc != 0 and "TORCH_NEURONX_DIST_PEER_ACCESS=yes: expected 1" in out, out[-3000:]
 
 
 def test_ddp_matches_cpu(tmp_path):
@@ -201,6 +212,7 @@ def test_torchrun_gives_each_rank_its_device(tmp_path):
     for i, info in enumerate(infos):
         assert info["local_rank"] == i and info["current_device"] == i and info["backend"] == "neuron"
         assert info["sum"] == [2.0, 2.0]
+        assert info["peer_access"] is True  # one host
 
 
 def test_visible_cores_per_process(tmp_path):
@@ -263,6 +275,7 @@ def test_two_hosts_in_network_namespaces(tmp_path, two_hosts):
     for r, p in enumerate(procs):
         out, _ = p.communicate(timeout=300)
         assert p.returncode == 0, f"host {r}:\n{out[-4000:]}"
+        assert "ddp ok (peer access False)" in out, out[-4000:]  # two hosts: every byte over Gloo
     for r in range(2):
         res = json.loads((tmp_path / f"ddp.rank{r}.json").read_text())
         assert res["find_unused=True"]["steps"] == 10

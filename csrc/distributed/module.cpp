@@ -28,6 +28,8 @@ void bind(py::module& parent) {
            py::arg("transport"), py::arg("control"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
            py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("transport", &ProcessGroupNeuron::transport)
+      .def_property_readonly("peer_access", &ProcessGroupNeuron::peer_access,
+                             "Whether the ranks move data straight between each other's device memory (one host)")
       // NCCL's split needs every parent rank; a new transport needs only the members.
       .def("perform_nocolor_split", [](ProcessGroupNeuron&, const c10::Device&) {})
       // split_group copies the parent's Python-side options; ours has none beyond

@@ -12,6 +12,7 @@
 
 #include "backend/common.h"
 #include "backend/tensor_views.h"
+#include "distributed/peer_access.h"
 #include "runtime/event.h"
 
 namespace neuronx::distributed {
@@ -553,6 +554,7 @@ struct Direct {
   uint64_t seq;
   int rank, size;
   std::chrono::milliseconds timeout;
+  std::shared_ptr<PeerLink> peers;  // null: no peer access
   int tag(int64_t step) const { return static_cast<int>((seq % (1u << 21)) * 512 + step % 512); }
 };
 
@@ -763,6 +765,149 @@ c10::intrusive_ptr<c10d::Work> direct_allreduce(const Direct& d, const at::Tenso
   return c10::make_intrusive<JoinedWork>(std::move(gathers));
 }
 
+// Peer access (ranks on one host, peer_access.h): each rank moves data
+// straight between its memory and its peers' with one kernel copy, instead
+// of a TCP send and receive (two copies and the protocol's work per byte,
+// and a message's wake-ups). Every rank decides the same way: the choice
+// depends only on what the fingerprint check compared (op, dtype, sizes).
+// The work runs on the completer's thread, one collective at a time, in
+// order; pieces of kPeerPieceBytes stay in cache between a read, its
+// reduction and the writes.
+constexpr int64_t kPeerPieceBytes = 512 << 10;
+
+bool peer_access_applies(const Direct& d, const at::Tensor& t) { return d.peers && t.numel() > 0; }
+
+// Buffers that peers may still write into after a failure on this side (a
+// timeout, a peer that died between its writes): never freed, so a late
+// write cannot land in memory the allocator has handed to someone else.
+void quarantine(at::Tensor t) {
+  static std::mutex mu;
+  static auto* kept = new std::vector<at::Tensor>();  // leaked on purpose
+  std::lock_guard<std::mutex> g(mu);
+  kept->push_back(std::move(t));
+}
+
+class PeerWork : public DirectWork {
+ public:
+  // `exposed`: the contiguous buffer of ours that peers read or write.
+  PeerWork(const Direct& d, at::Tensor exposed)
+      : d_(d), exposed_(std::move(exposed)), number_(d.peers->take_number()) {}
+
+  bool isCompleted() override { return done_; }
+  bool wait(std::chrono::milliseconds) override {
+    if (done_) return true;
+    PeerLink& link = *d_.peers;
+    const auto deadline = std::chrono::steady_clock::now() + d_.timeout;
+    const int64_t bytes = exposed_.numel() * exposed_.element_size();
+    try {
+      TORCH_CHECK(!link.broken(), "peer access: an earlier collective of this group failed (",
+                  link.broken_reason(), "); the group cannot be used any more: create a new one");
+      link.announce(number_, {reinterpret_cast<uintptr_t>(exposed_.data_ptr()), bytes});
+      std::vector<uintptr_t> bases(d_.size);
+      for (int peer = 0; peer < d_.size; ++peer) {
+        if (peer == d_.rank) continue;
+        const auto b = link.announced(peer, number_, deadline);
+        TORCH_CHECK(b.bytes == bytes, "peer access: rank ", peer, " announced ", b.bytes,
+                    " bytes for this collective; this rank has ", bytes);
+        bases[peer] = b.address;
+      }
+      move(bases);
+      link.finish(number_);
+      for (int peer = 0; peer < d_.size; ++peer)
+        if (peer != d_.rank) link.await_finished(peer, number_, deadline);
+    } catch (const std::exception& e) {
+      link.mark_broken(e.what());
+      quarantine(exposed_);
+      throw;
+    }
+    settle();
+    return done_ = true;
+  }
+
+ protected:
+  // Moves the data, given each peer's buffer address.
+  virtual void move(const std::vector<uintptr_t>& bases) = 0;
+  // Puts the result where the caller wants it, when `exposed_` is a copy.
+  virtual void settle() {}
+
+  Direct d_;
+  at::Tensor exposed_;
+
+ private:
+  const uint64_t number_;
+  std::atomic<bool> done_{false};
+};
+
+// Allreduce: each rank owns 1/size of the tensor (as in direct_allreduce).
+// It reads its part of every peer's tensor, reduces it into its own, and
+// writes the result into every peer's tensor: the bytes of a ring, each
+// moved once. Only the owner reduces a part, so every rank ends with the
+// same bits. No rank touches another's part of a peer's tensor, so the
+// reads and writes of different owners never meet.
+class PeerAllreduce final : public PeerWork {
+ public:
+  PeerAllreduce(const Direct& d, at::Tensor t, c10d::ReduceOp op)
+      : PeerWork(d, t.contiguous().view(-1)), target_(std::move(t)), op_(std::move(op)) {}
+  ~PeerAllreduce() override {
+    if (scratch_.defined()) d_.buffers->give(std::move(scratch_));
+  }
+
+ private:
+  void move(const std::vector<uintptr_t>& bases) override {
+    const PeerLink& link = *d_.peers;
+    const auto parts = exposed_.tensor_split(d_.size);
+    const at::Tensor& mine = parts[d_.rank];
+    const int64_t es = exposed_.element_size(), n = mine.numel(), piece = kPeerPieceBytes / es;
+    if (n == 0) return;
+    const auto offset = static_cast<uintptr_t>((mine.storage_offset() - exposed_.storage_offset()) * es);
+    scratch_ = d_.buffers->take(std::min(n, piece) * es);
+    for (int64_t at = 0; at < n; at += piece) {
+      const int64_t k = std::min(piece, n - at);
+      at::Tensor acc = mine.narrow(0, at, k);
+      at::Tensor theirs = scratch_.narrow(0, 0, k * es).view(exposed_.scalar_type());
+      const uintptr_t where = offset + static_cast<uintptr_t>(at * es);
+      for (int peer = 0; peer < d_.size; ++peer) {
+        if (peer == d_.rank) continue;
+        link.read(peer, theirs.data_ptr(), bases[peer] + where, k * es);
+        reduce_into(acc, theirs, op_);
+      }
+      for (int peer = 0; peer < d_.size; ++peer)
+        if (peer != d_.rank) link.write(peer, acc.data_ptr(), bases[peer] + where, k * es);
+    }
+  }
+  void settle() override {
+    if (target_.data_ptr() != exposed_.data_ptr()) target_.copy_(exposed_.view(target_.sizes()));
+  }
+
+  at::Tensor target_;
+  c10d::ReduceOp op_;
+  at::Tensor scratch_;
+};
+
+// all_gather_into_tensor: each rank writes its input into its slot of every
+// peer's output.
+class PeerAllgather final : public PeerWork {
+ public:
+  PeerAllgather(const Direct& d, at::Tensor out, const at::Tensor& in)
+      : PeerWork(d, out.contiguous().view(-1)), target_(std::move(out)), in_(in.contiguous().view(-1)) {
+    at::Tensor own = exposed_.narrow(0, d.rank * in_.numel(), in_.numel());
+    if (own.data_ptr() != in_.data_ptr()) own.copy_(in_);
+  }
+
+ private:
+  void move(const std::vector<uintptr_t>& bases) override {
+    const int64_t bytes = in_.numel() * in_.element_size();
+    for (int peer = 0; peer < d_.size; ++peer)
+      if (peer != d_.rank)
+        d_.peers->write(peer, in_.data_ptr(), bases[peer] + static_cast<uintptr_t>(d_.rank * bytes), bytes);
+  }
+  void settle() override {
+    if (target_.data_ptr() != exposed_.data_ptr()) target_.copy_(exposed_.view(target_.sizes()));
+  }
+
+  at::Tensor target_, in_;
+};
+
 }  // namespace
 
 namespace {
@@ -811,6 +956,8 @@ ProcessGroupNeuron::ProcessGroupNeuron(c10::intrusive_ptr<c10d::Backend> transpo
                     ", expected rank ", rank, " of ", size);
   TORCH_CHECK_VALUE(control_ && control_->getRank() == rank && control_->getSize() == size,
                     "ProcessGroupNeuron: the control transport must be a backend of the same ranks");
+  // Collective: every rank creates the group at the same point.
+  peers_ = PeerLink::negotiate(*control_, peer_access_requested());
   // Registered last: a constructor that throws runs no destructor to unregister.
   std::lock_guard<std::mutex> g(g_groups_mu);
   TORCH_CHECK(!g_shut_down, "the neuron distributed backend was shut down (interpreter exit)");
@@ -987,7 +1134,7 @@ c10::intrusive_ptr<c10d::Work> run_collective(const Links& links, const Fingerpr
               links.in_flight->admit(ranges, state);
             }
             w = issue(*links.gloo, Direct{links.control.get(), links.buffers, seq, links.rank, links.control->getSize(),
-                                          links.timeout});
+                                          links.timeout, links.peers});
           } catch (const std::exception& e) {
             return fail(e.what());
           }
@@ -1115,6 +1262,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::allreduce_impl(std::vector<at
         }
         c10d::AllreduceOptions o = opts;
         o.reduceOp = transport_op(opts.reduceOp);
+        if (h.size() == 1 && reducible(h[0], o.reduceOp) && peer_access_applies(direct, h[0]))
+          return c10::intrusive_ptr<c10d::Work>(c10::make_intrusive<PeerAllreduce>(direct, h[0], o.reduceOp));
         if (h.size() == 1 && direct_allreduce_applies(h[0], o.reduceOp)) {
           if (direct.size == 2)
             return c10::intrusive_ptr<c10d::Work>(c10::make_intrusive<ExchangeAllreduce>(direct, h[0].view(-1), o.reduceOp));
@@ -1177,6 +1326,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::_allgather_base(at::Tensor& o
   return run_collective(links(), &fp, ordering_queue(d), c10d::OpType::_ALLGATHER_BASE, "c10d::all_gather_into_tensor", d, on_host, all,
                         {output},
                         [ho, hi, opts](c10d::Backend& g, const Direct& direct) mutable {
+                          if (peer_access_applies(direct, hi))
+                            return c10::intrusive_ptr<c10d::Work>(c10::make_intrusive<PeerAllgather>(direct, ho, hi));
                           if (direct_allgather_applies(ho, hi)) return direct_allgather(direct, ho, hi);
                           return g._allgather_base(ho, hi, opts);
                         },

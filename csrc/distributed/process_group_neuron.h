@@ -30,6 +30,7 @@ namespace neuronx::distributed {
 
 class Sequencer;
 class InFlight;
+class PeerLink;
 class BufferPool;
 struct CollectiveState;
 
@@ -66,6 +67,8 @@ struct Links {
   std::shared_ptr<InFlight> in_flight;
   std::shared_ptr<BufferPool> buffers;
   std::chrono::milliseconds timeout;
+  // Peer access (peer_access.h); null where Gloo moves every byte.
+  std::shared_ptr<PeerLink> peers;
 };
 
 class ProcessGroupNeuron final : public c10d::Backend {
@@ -136,6 +139,8 @@ class ProcessGroupNeuron final : public c10d::Backend {
 
   ~ProcessGroupNeuron() override;
   c10::intrusive_ptr<c10d::Backend> transport() const { return gloo_; }
+  // Whether the ranks reach each other's device memory directly (peer_access.h).
+  bool peer_access() const { return peers_ != nullptr; }
 
   // At interpreter exit (atexit, Python still alive): destroys every group's
   // transport, with the GIL released so its threads can drop the Python
@@ -151,7 +156,9 @@ class ProcessGroupNeuron final : public c10d::Backend {
   // queue of the first device it used), whatever the tensors' device or the
   // calling thread: the transport must see them in program order.
   rt::Queue& ordering_queue(c10::DeviceIndex d);
-  Links links() const { return {rank_, gloo_, control_, completer_, sequencer_, in_flight_, buffers_, timeout_}; }
+  Links links() const {
+    return {rank_, gloo_, control_, completer_, sequencer_, in_flight_, buffers_, timeout_, peers_};
+  }
 
   c10::intrusive_ptr<c10d::Backend> gloo_;
   c10::intrusive_ptr<c10d::Backend> control_;
@@ -165,6 +172,7 @@ class ProcessGroupNeuron final : public c10d::Backend {
   std::shared_ptr<Sequencer> sequencer_;
   std::shared_ptr<InFlight> in_flight_;
   std::shared_ptr<BufferPool> buffers_;
+  std::shared_ptr<PeerLink> peers_;
 };
 
 }  // namespace neuronx::distributed

@@ -142,6 +142,7 @@ CachingAllocator::Block* CachingAllocator::new_segment(size_t alloc_size, bool s
   }
   void* mem = mmap(nullptr, alloc_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (mem == MAP_FAILED) return nullptr;
+  if (alloc_size >= (2u << 20)) madvise(mem, alloc_size, MADV_HUGEPAGE);
   auto* seg = new Segment{static_cast<char*>(mem), alloc_size, small, nullptr, this, ctx};
   auto* b = new Block;
   b->size = alloc_size;

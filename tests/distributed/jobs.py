@@ -64,6 +64,11 @@ def _run_both(fn, *tensors):
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.int32)
 
 
+def _peer_access():
+    """Whether the group's ranks reach each other's device memory directly (one host)."""
+    return dist.distributed_c10d._get_default_group()._get_backend(torch.device("neuron")).peer_access
+
+
 def _every_collective(dtype, size, every_op=True):
     """Every collective on `size` elements of `dtype` per rank, neuron against Gloo on CPU;
     returns how many were compared. every_op=False: the reductions with SUM and MAX only (an
@@ -326,6 +331,16 @@ def direct_algorithms(out):
             dist.all_gather_into_tensor(big, inputs[r].to(dev()))
             assert torch.equal(big.cpu(), torch.cat(inputs)), f"all_gather_into_tensor {dtype} n={size}"
             checked += 1
+    # dense but not contiguous (transposed), in and out
+    src = [_value((6, 5), torch.float32, seed=q).t() for q in range(n)]
+    d = src[r].to(dev())
+    assert not d.is_contiguous()
+    dist.all_reduce(d)
+    close(d, _reduced(src, RO.SUM), "all_reduce of a transposed tensor")
+    gathered = torch.empty(6, 5 * n, device=dev()).t()
+    dist.all_gather_into_tensor(gathered, src[r].to(dev()))
+    close(gathered, torch.cat(src), "all_gather_into_tensor of transposed tensors")
+    checked += 2
     # in place: the gathered tensor's own slot is the input
     buf = torch.zeros(n * 5, device=dev())
     buf[r * 5:(r + 1) * 5] = r + 1
@@ -345,7 +360,7 @@ def direct_algorithms(out):
         w1.wait(), w2.wait()
         close(outs, torch.full((n * numel,), float(n)), "all_gather after a queued all_reduce of its input")
         checked += 2
-    return {"checked": checked}
+    return {"checked": checked, "peer_access": _peer_access()}
 
 
 # ----------------------------------------------------------------------- training jobs
@@ -909,7 +924,7 @@ def launch_info(out):
     return {"local_rank": int(os.environ["LOCAL_RANK"]), "current_device": torch.neuron.current_device(),
             "device_count": torch.neuron.device_count(),
             "physical_core": torch.neuron.get_device_properties(torch.neuron.current_device()).physical_core,
-            "sum": t.cpu().tolist(), "backend": dist.get_backend()}
+            "sum": t.cpu().tolist(), "backend": dist.get_backend(), "peer_access": _peer_access()}
 
 
 def main():
@@ -935,7 +950,7 @@ def main():
     result = JOBS[name](out)
     with open(os.path.join(out, f"{name}.rank{rank()}.json"), "w") as f:
         json.dump(result, f)
-    print(f"rank {rank()}: {name} ok", flush=True)
+    print(f"rank {rank()}: {name} ok (peer access {_peer_access()})", flush=True)
     if name not in KEEP_GROUP_AT_EXIT:
         dist.destroy_process_group()
 
