@@ -77,7 +77,7 @@ bench: build
 	$(PYTHON) -m pip install -q matplotlib
 	$(PYTHON) bench/run.py --out bench/results/$$(date -u +%F).json
 	$(PYTHON) bench/report.py bench/results/$$(date -u +%F).json
-	$(PYTHON) bench/collectives.py --control --docs
+	$(PYTHON) bench/collectives.py --gloo-path --control --docs
 	$(PYTHON) bench/compile.py --docs
 
 # Smoke test of the harness (tiny sizes, no thresholds); the report goes to a temp dir.

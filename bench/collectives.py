@@ -4,12 +4,17 @@ CPU tensors, in the same two processes, interleaved, medians over repetitions.
     python bench/collectives.py                 # 4 KB .. 256 MB, writes bench/results/collectives-<date>.json
     python bench/collectives.py --quick         # 4 KB .. 1 MB, 2 repetitions (harness smoke test)
     python bench/collectives.py --control       # also Gloo against a second, identical Gloo group
+    python bench/collectives.py --gloo-path     # also neuron with peer access off (the path between hosts)
 
 Each timed sample issues `iters` asynchronous collectives back to back, cycling over a few distinct
 buffers (as DDP's gradient buckets are), and waits for all of them (for neuron, then synchronizes the
 device): algorithm bandwidth = bytes per rank / time per op. Distinct buffers keep the comparison
 honest: Gloo runs queued collectives on the same tensor concurrently (racing on its memory), which
 the neuron backend does not (a collective waits for earlier ones on overlapping memory).
+
+`--gloo-path` adds a second `neuron` group with peer access off (TORCH_NEURONX_DIST_PEER_ACCESS=0):
+every byte over Gloo, as between hosts, where ranks on one host otherwise read and write each
+other's device memory directly.
 
 `--control` adds a null comparison: a second Gloo group, identical to the first (its own
 connections), measured in the same interleaving. Its ratio to the first would be 1.00 on a quiet
@@ -51,7 +56,13 @@ def rank_main(args):
     dist.init_process_group("neuron")
     gloo = dist.new_group(backend="gloo")
     control = dist.new_group(backend="gloo") if args.control else None
-    modes = ("gloo_cpu", "neuron") + (("gloo_cpu_control",) if args.control else ())
+    gloo_path = None
+    if args.gloo_path:  # the setting is read when a group is created
+        os.environ["TORCH_NEURONX_DIST_PEER_ACCESS"] = "0"
+        gloo_path = dist.new_group(backend="neuron")
+        del os.environ["TORCH_NEURONX_DIST_PEER_ACCESS"]
+    modes = (("gloo_cpu", "neuron") + (("neuron_gloo_path",) if args.gloo_path else ())
+             + (("gloo_cpu_control",) if args.control else ()))
     world = dist.get_world_size()
     sizes = [s for s in SIZES if s <= (1 << 20)] if args.quick else SIZES
     if args.sizes:
@@ -63,13 +74,13 @@ def rank_main(args):
             n = nbytes // 4
             bufs = {}
             for mode in modes:
-                dev = "neuron" if mode == "neuron" else "cpu"
+                dev = "neuron" if mode.startswith("neuron") else "cpu"
                 bufs[mode] = [(torch.ones(n, device=dev),
                                torch.empty(n * world, device=dev) if op == "all_gather_into_tensor" else None)
                               for _ in range(_buffers(nbytes))]
 
             def run(mode, iters):
-                group = {"gloo_cpu": gloo, "gloo_cpu_control": control}.get(mode)
+                group = {"gloo_cpu": gloo, "gloo_cpu_control": control, "neuron_gloo_path": gloo_path}.get(mode)
                 t0 = time.perf_counter()
                 works = []
                 for i in range(iters):
@@ -80,7 +91,7 @@ def rank_main(args):
                         works.append(dist.all_gather_into_tensor(out, x, group=group, async_op=True))
                 for w in works:
                     w.wait()
-                if mode == "neuron":
+                if dev == "neuron":
                     torch.neuron.synchronize()
                 return (time.perf_counter() - t0) / iters
 
@@ -104,11 +115,14 @@ def rank_main(args):
                    "neuron_GBps": nbytes / worst["neuron"] / 1e9,
                    "ratio": worst["gloo_cpu"] / worst["neuron"],
                    "samples_ms": {m: [round(t * 1e3, 4) for t in times[m]] for m in times}}
+            if args.gloo_path:
+                row["gloo_path_ratio"] = worst["gloo_cpu"] / worst["neuron_gloo_path"]
             if args.control:
                 row["control_ratio"] = worst["gloo_cpu"] / worst["gloo_cpu_control"]
             rows.append(row)
             if rank == 0:
-                control_note = f"  (Gloo / Gloo control {row['control_ratio']:.2f})" if args.control else ""
+                control_note = f"  (peer access off {row['gloo_path_ratio']:.2f})" if args.gloo_path else ""
+                control_note += f"  (Gloo / Gloo control {row['control_ratio']:.2f})" if args.control else ""
                 print(f"{op:24s} {nbytes:>11d} B  gloo {row['gloo_cpu_GBps']:8.3f} GB/s  neuron {row['neuron_GBps']:8.3f} GB/s"
                       f"  ratio {row['ratio']:.2f}{control_note}", flush=True)
     if rank == 0:
@@ -119,13 +133,15 @@ def rank_main(args):
 
 
 def markdown(result):
-    control = all("control_ratio" in r for r in result["rows"])
-    head = "| collective | size | Gloo CPU GB/s | neuron GB/s | neuron / Gloo |"
-    lines = [head + (" Gloo / Gloo (control) |" if control else ""), "|---|---|---|---|---|" + ("---|" if control else "")]
+    extra = [(key, title) for key, title in (("gloo_path_ratio", "neuron, peer access off / Gloo"),
+                                             ("control_ratio", "Gloo / Gloo (control)"))
+             if all(key in r for r in result["rows"])]
+    head = "| collective | size | Gloo CPU GB/s | neuron GB/s | neuron / Gloo |" + "".join(f" {t} |" for _, t in extra)
+    lines = [head, "|---|---|---|---|---|" + "---|" * len(extra)]
     for r in result["rows"]:
         size = f"{r['bytes'] >> 20} MB" if r["bytes"] >= 1 << 20 else f"{r['bytes'] >> 10} KB"
         line = f"| {r['op']} | {size} | {r['gloo_cpu_GBps']:.3f} | {r['neuron_GBps']:.3f} | {r['ratio']:.2f}x |"
-        lines.append(line + (f" {r['control_ratio']:.2f}x |" if control else ""))
+        lines.append(line + "".join(f" {r[key]:.2f}x |" for key, _ in extra))
     return "\n".join(lines)
 
 
@@ -140,6 +156,8 @@ def main():
     p.add_argument("--ops", type=lambda v: v.split(","), default=None, help=f"only these of {','.join(OPS)}")
     p.add_argument("--control", action="store_true",
                    help="also measure Gloo against a second, identical Gloo group (the method's noise)")
+    p.add_argument("--gloo-path", action="store_true",
+                   help="also measure a neuron group with peer access off (every byte over Gloo, as between hosts)")
     p.add_argument("--rank-main", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -164,6 +182,8 @@ def main():
             cmd += ["--ops", ",".join(args.ops)]
         if args.control:
             cmd.append("--control")
+        if args.gloo_path:
+            cmd.append("--gloo-path")
         procs.append(subprocess.Popen(cmd + (["--quick"] if args.quick else []), env=env))
     rcs = [p.wait() for p in procs]
     if any(rcs):
@@ -180,6 +200,8 @@ def main():
         _, tail = rest.split(end)
         note = (f"Measured {result['date']} on this machine (2 ranks, {result['repetitions']} interleaved "
                 f"repetitions; above 1 means neuron moves more data per second"
+                + ("; peer access off: a neuron group whose every byte goes through Gloo, as between hosts"
+                   if all("gloo_path_ratio" in r for r in result["rows"]) else "")
                 + ("; the control column is Gloo against a second, identical Gloo group, the method's noise"
                    if all("control_ratio" in r for r in result["rows"]) else "") + "):")
         doc.write_text(f"{head}{begin}\n{note}\n\n{table}\n{end}{tail}")

@@ -792,6 +792,9 @@ class PeerWork : public DirectWork {
   // `exposed`: the contiguous buffer of ours that peers read or write.
   PeerWork(const Direct& d, at::Tensor exposed)
       : d_(d), exposed_(std::move(exposed)), number_(d.peers->take_number()) {}
+  ~PeerWork() override {
+    if (scratch_.defined()) d_.buffers->give(std::move(scratch_));
+  }
 
   bool isCompleted() override { return done_; }
   bool wait(std::chrono::milliseconds) override {
@@ -830,10 +833,36 @@ class PeerWork : public DirectWork {
   // Puts the result where the caller wants it, when `exposed_` is a copy.
   virtual void settle() {}
 
+  // Reduces into `acc` (contiguous) the bytes at `offset` in every peer's
+  // buffer, piece by piece; with `write_back`, writes each reduced piece
+  // back there.
+  void reduce_from_peers(const at::Tensor& acc, const std::vector<uintptr_t>& bases, uintptr_t offset,
+                         const c10d::ReduceOp& op, bool write_back) {
+    const PeerLink& link = *d_.peers;
+    const int64_t es = acc.element_size(), n = acc.numel(), piece = kPeerPieceBytes / es;
+    if (n == 0) return;
+    if (!scratch_.defined()) scratch_ = d_.buffers->take(std::min(n, piece) * es);
+    for (int64_t at = 0; at < n; at += piece) {
+      const int64_t k = std::min(piece, n - at);
+      at::Tensor part = acc.narrow(0, at, k);
+      at::Tensor theirs = scratch_.narrow(0, 0, k * es).view(acc.scalar_type());
+      const uintptr_t where = offset + static_cast<uintptr_t>(at * es);
+      for (int peer = 0; peer < d_.size; ++peer) {
+        if (peer == d_.rank) continue;
+        link.read(peer, theirs.data_ptr(), bases[peer] + where, k * es);
+        reduce_into(part, theirs, op);
+      }
+      if (write_back)
+        for (int peer = 0; peer < d_.size; ++peer)
+          if (peer != d_.rank) link.write(peer, part.data_ptr(), bases[peer] + where, k * es);
+    }
+  }
+
   Direct d_;
   at::Tensor exposed_;
 
  private:
+  at::Tensor scratch_;
   const uint64_t number_;
   std::atomic<bool> done_{false};
 };
@@ -848,32 +877,12 @@ class PeerAllreduce final : public PeerWork {
  public:
   PeerAllreduce(const Direct& d, at::Tensor t, c10d::ReduceOp op)
       : PeerWork(d, t.contiguous().view(-1)), target_(std::move(t)), op_(std::move(op)) {}
-  ~PeerAllreduce() override {
-    if (scratch_.defined()) d_.buffers->give(std::move(scratch_));
-  }
 
  private:
   void move(const std::vector<uintptr_t>& bases) override {
-    const PeerLink& link = *d_.peers;
-    const auto parts = exposed_.tensor_split(d_.size);
-    const at::Tensor& mine = parts[d_.rank];
-    const int64_t es = exposed_.element_size(), n = mine.numel(), piece = kPeerPieceBytes / es;
-    if (n == 0) return;
-    const auto offset = static_cast<uintptr_t>((mine.storage_offset() - exposed_.storage_offset()) * es);
-    scratch_ = d_.buffers->take(std::min(n, piece) * es);
-    for (int64_t at = 0; at < n; at += piece) {
-      const int64_t k = std::min(piece, n - at);
-      at::Tensor acc = mine.narrow(0, at, k);
-      at::Tensor theirs = scratch_.narrow(0, 0, k * es).view(exposed_.scalar_type());
-      const uintptr_t where = offset + static_cast<uintptr_t>(at * es);
-      for (int peer = 0; peer < d_.size; ++peer) {
-        if (peer == d_.rank) continue;
-        link.read(peer, theirs.data_ptr(), bases[peer] + where, k * es);
-        reduce_into(acc, theirs, op_);
-      }
-      for (int peer = 0; peer < d_.size; ++peer)
-        if (peer != d_.rank) link.write(peer, acc.data_ptr(), bases[peer] + where, k * es);
-    }
+    const at::Tensor mine = exposed_.tensor_split(d_.size)[d_.rank];
+    const auto offset = static_cast<uintptr_t>((mine.storage_offset() - exposed_.storage_offset()) * mine.element_size());
+    reduce_from_peers(mine, bases, offset, op_, /*write_back=*/true);
   }
   void settle() override {
     if (target_.data_ptr() != exposed_.data_ptr()) target_.copy_(exposed_.view(target_.sizes()));
@@ -881,7 +890,49 @@ class PeerAllreduce final : public PeerWork {
 
   at::Tensor target_;
   c10d::ReduceOp op_;
-  at::Tensor scratch_;
+};
+
+// reduce_scatter_tensor: each rank reads its part of every peer's input and
+// reduces it into its output; nobody writes into a peer.
+class PeerReduceScatter final : public PeerWork {
+ public:
+  PeerReduceScatter(const Direct& d, at::Tensor out, const at::Tensor& in, c10d::ReduceOp op)
+      : PeerWork(d, in.contiguous().view(-1)),
+        target_(std::move(out)),
+        acc_(target_.is_contiguous() ? target_.view(-1) : at::empty({target_.numel()}, target_.options())),
+        op_(std::move(op)) {}
+
+ private:
+  void move(const std::vector<uintptr_t>& bases) override {
+    const int64_t n = acc_.numel();
+    acc_.copy_(exposed_.narrow(0, d_.rank * n, n));
+    reduce_from_peers(acc_, bases, static_cast<uintptr_t>(d_.rank * n * acc_.element_size()), op_, false);
+  }
+  void settle() override {
+    if (target_.data_ptr() != acc_.data_ptr()) target_.copy_(acc_.view(target_.sizes()));
+  }
+
+  at::Tensor target_, acc_;
+  c10d::ReduceOp op_;
+};
+
+// broadcast: every other rank reads the root's tensor.
+class PeerBroadcast final : public PeerWork {
+ public:
+  PeerBroadcast(const Direct& d, at::Tensor t, int root)
+      : PeerWork(d, t.contiguous().view(-1)), target_(std::move(t)), root_(root) {}
+
+ private:
+  void move(const std::vector<uintptr_t>& bases) override {
+    if (d_.rank == root_) return;
+    d_.peers->read(root_, exposed_.data_ptr(), bases[root_], exposed_.numel() * exposed_.element_size());
+  }
+  void settle() override {
+    if (d_.rank != root_ && target_.data_ptr() != exposed_.data_ptr()) target_.copy_(exposed_.view(target_.sizes()));
+  }
+
+  at::Tensor target_;
+  int root_;
 };
 
 // all_gather_into_tensor: each rank writes its input into its slot of every
@@ -1227,7 +1278,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::broadcast(std::vector<at::Ten
   auto h = host(tensors);
   const Fingerprint fp = fingerprint(c10d::OpType::BROADCAST, tensors, opts.rootRank);
   return run_collective(links(), &fp, ordering_queue(d), c10d::OpType::BROADCAST, "c10d::broadcast", d, on_host, tensors, tensors,
-                        [h, opts](c10d::Backend& g, const Direct&) mutable { return g.broadcast(h, opts); }, nullptr);
+                        [h, opts](c10d::Backend& g, const Direct& direct) mutable {
+                          if (h.size() == 1 && peer_access_applies(direct, h[0]))
+                            return c10::intrusive_ptr<c10d::Work>(
+                                c10::make_intrusive<PeerBroadcast>(direct, h[0], static_cast<int>(opts.rootRank)));
+                          return g.broadcast(h, opts);
+                        },
+                        nullptr);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::allreduce(std::vector<at::Tensor>& tensors,
@@ -1418,15 +1475,22 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::_reduce_scatter_base(at::Tens
   std::vector<at::Tensor> all{output, input};
   NEURON_C10D_PLACE("reduce_scatter_tensor", all)
   check_reduce_op("reduce_scatter_tensor", opts.reduceOp, all);
+  // Checked here, on every rank, before anything moves (as all_gather_into_tensor's output).
+  TORCH_CHECK_VALUE(output.scalar_type() == input.scalar_type(), "reduce_scatter_tensor: the output is ",
+                    output.scalar_type(), " and the input ", input.scalar_type(), "; they must have the same dtype");
+  TORCH_CHECK_VALUE(input.numel() == output.numel() * size_, "reduce_scatter_tensor: the input has ", input.numel(),
+                    " elements; it must have world size (", size_, ") x the output's ", output.numel());
   at::Tensor ho = host({output})[0], hi = host({input})[0];
   const int size = size_;
   const Fingerprint fp = fingerprint(c10d::OpType::_REDUCE_SCATTER_BASE, {output}, -1, opts.reduceOp.op_);
   return run_collective(
       links(), &fp, ordering_queue(d), c10d::OpType::_REDUCE_SCATTER_BASE, "c10d::reduce_scatter_tensor", d, on_host, all, {output},
-      [ho, hi, opts](c10d::Backend& g, const Direct&) mutable {
+      [ho, hi, opts](c10d::Backend& g, const Direct& direct) mutable {
         at::Tensor in = premultiplied(opts.reduceOp, {hi})[0];
         c10d::ReduceScatterOptions o = opts;
         o.reduceOp = transport_op(opts.reduceOp);
+        if (reducible(ho, o.reduceOp) && peer_access_applies(direct, ho))
+          return c10::intrusive_ptr<c10d::Work>(c10::make_intrusive<PeerReduceScatter>(direct, ho, in, o.reduceOp));
         return g._reduce_scatter_base(ho, in, o);
       },
       [ho, op = opts.reduceOp, size]() mutable { average(op, ho, size); });

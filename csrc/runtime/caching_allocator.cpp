@@ -142,6 +142,8 @@ CachingAllocator::Block* CachingAllocator::new_segment(size_t alloc_size, bool s
   }
   void* mem = mmap(nullptr, alloc_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (mem == MAP_FAILED) return nullptr;
+  // Huge pages, as HBM is mapped: fewer TLB misses, and far fewer pages for a
+  // peer's cross-memory reads and writes to pin (docs/distributed.md). Only a hint.
   if (alloc_size >= (2u << 20)) madvise(mem, alloc_size, MADV_HUGEPAGE);
   auto* seg = new Segment{static_cast<char*>(mem), alloc_size, small, nullptr, this, ctx};
   auto* b = new Block;

@@ -330,7 +330,17 @@ def direct_algorithms(out):
             big = torch.empty(n * size, dtype=dtype, device=dev())
             dist.all_gather_into_tensor(big, inputs[r].to(dev()))
             assert torch.equal(big.cpu(), torch.cat(inputs)), f"all_gather_into_tensor {dtype} n={size}"
-            checked += 1
+            b = inputs[r].to(dev())
+            dist.broadcast(b, src=n - 1)
+            assert torch.equal(b.cpu(), inputs[n - 1]), f"broadcast {dtype} n={size}"
+            checked += 2
+            if dtype is not torch.bool:
+                whole = [_value((n * size,), dtype, seed=q * 7 + size) for q in range(n)]
+                part = torch.empty(size, dtype=dtype, device=dev())
+                dist.reduce_scatter_tensor(part, whole[r].to(dev()))
+                close(part, _reduced(whole, RO.SUM)[r * size:(r + 1) * size], f"reduce_scatter_tensor {dtype} n={size}",
+                      **tol)
+                checked += 1
     # dense but not contiguous (transposed), in and out
     src = [_value((6, 5), torch.float32, seed=q).t() for q in range(n)]
     d = src[r].to(dev())
