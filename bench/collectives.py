@@ -91,7 +91,7 @@ def rank_main(args):
                         works.append(dist.all_gather_into_tensor(out, x, group=group, async_op=True))
                 for w in works:
                     w.wait()
-                if dev == "neuron":
+                if mode.startswith("neuron"):
                     torch.neuron.synchronize()
                 return (time.perf_counter() - t0) / iters
 
