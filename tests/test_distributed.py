@@ -97,6 +97,13 @@ def test_direct_algorithms_against_known_values(tmp_path, nprocs, peer_access):
     assert all(r["peer_access"] is (peer_access == "1") for r in results), results
 
 
+def test_bad_peer_access_setting_on_one_rank_raises_on_every_rank(tmp_path):
+    results, _ = launch("bad_peer_setting_on_one_rank", tmp_path, JOB_TIMEOUT_S=60)
+    assert "TORCH_NEURONX_DIST_PEER_ACCESS=maybe: expected 1" in results[1]["message"], results
+    assert "rank 1 of this group has a bad TORCH_NEURONX_DIST_PEER_ACCESS" in results[0]["message"], results
+    assert all(r["raised"] == "ValueError" and r["after_s"] < 10 for r in results), results
+
+
 def test_bad_peer_access_setting_is_a_clear_error(tmp_path):
     _, outs = launch("launch_info", tmp_path, expect_ok=False, TORCH_NEURONX_DIST_PEER_ACCESS="yes")
     for rc, out in outs:

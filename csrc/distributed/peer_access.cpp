@@ -5,6 +5,8 @@
 
 #include <fcntl.h>
 #include <linux/futex.h>
+#include <poll.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -17,6 +19,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <chrono>
 #include <random>
 #include <sstream>
 #include <string>
@@ -29,10 +32,11 @@ namespace neuronx::distributed {
 // so a rank makes the wake-up system call only when someone sleeps.
 struct PeerLink::Slot {
   std::atomic<uint32_t> announced, finished, waiters;
-  uint32_t unused;
+  std::atomic<uint32_t> broken;  // 1: this rank gave up on the group (mark_broken)
   std::atomic<uint64_t> address;
   std::atomic<int64_t> bytes;
-  char pad[32];
+  std::atomic<uint64_t> check;
+  char pad[24];
 };
 static_assert(sizeof(PeerLink::Slot) == 64, "one cache line per rank");
 static_assert(std::atomic<uint32_t>::is_always_lock_free && std::atomic<uint64_t>::is_always_lock_free,
@@ -66,24 +70,23 @@ uint64_t host_identity() {
   return h == 0 ? 1 : h;
 }
 
-// State and start time of a process (/proc/PID/stat fields 3 and 22); false
-// when it is gone.
-bool process_stat(pid_t pid, char* state, uint64_t* start_time) {
+// Where pidfds are missing: a process is alive while kill() reaches it and
+// /proc/PID/stat (field 3, after the name in parentheses) is not a zombie's.
+bool alive_by_pid(pid_t pid) {
+  if (kill(pid, 0) != 0 && errno == ESRCH) return false;
   std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  if (!std::getline(f, line)) return false;
-  const auto close = line.rfind(')');
-  if (close == std::string::npos) return false;
-  std::istringstream rest(line.substr(close + 1));
-  std::string field;
-  for (int i = 3; i <= 22 && rest >> field; ++i) {
-    if (i == 3) *state = field.empty() ? '?' : field[0];
-    if (i == 22) {
-      *start_time = std::strtoull(field.c_str(), nullptr, 10);
-      return true;
-    }
-  }
-  return false;
+  std::stringstream all;
+  all << f.rdbuf();  // the whole file: a process name may hold a newline
+  const std::string text = all.str();
+  const auto close = text.rfind(')');
+  if (close == std::string::npos || close + 2 >= text.size()) return false;
+  const char state = text[close + 2];
+  return state != 'Z' && state != 'X';
+}
+
+std::string without_backtrace(const std::exception& e) {
+  if (const auto* c = dynamic_cast<const c10::Error*>(&e)) return c->what_without_backtrace();
+  return e.what();
 }
 
 long futex(std::atomic<uint32_t>* word, int op, uint32_t value, const timespec* timeout) {
@@ -118,15 +121,32 @@ size_t block_bytes(int size) {
 
 }  // namespace
 
-std::shared_ptr<PeerLink> PeerLink::negotiate(c10d::Backend& control, bool requested) {
+std::shared_ptr<PeerLink> PeerLink::negotiate(c10d::Backend& control) {
   const int n = control.getSize(), rank = control.getRank();
   constexpr int64_t kWords = 7, kMagic = 0x4e4e5850;  // "NNXP"
-  requested = requested && n > 1;
+  std::string bad_setting;
+  bool requested = false;
+  try {
+    requested = peer_access_requested() && n > 1;
+  } catch (const c10::ValueError& e) {
+    bad_setting = e.what_without_backtrace();
+  }
   // The shared block: created by rank 0, opened by the others through its
   // descriptor in /proc (allowed where reading its memory is).
   const size_t bytes = block_bytes(n);
   int fd = -1;
   void* block = MAP_FAILED;
+  std::vector<int> pidfds(n, -1);
+  auto release = [&] {
+    if (fd >= 0) ::close(fd);
+    fd = -1;
+  };
+  auto unmap = [&] {
+    if (block != MAP_FAILED) munmap(block, bytes);
+    block = MAP_FAILED;
+    for (int& p : pidfds)
+      if (p >= 0) ::close(p), p = -1;
+  };
   if (requested && rank == 0) {
     fd = static_cast<int>(syscall(SYS_memfd_create, "torch_neuronx_peer_access", MFD_CLOEXEC));
     if (fd >= 0 && ftruncate(fd, static_cast<off_t>(bytes)) == 0)
@@ -134,34 +154,45 @@ std::shared_ptr<PeerLink> PeerLink::negotiate(c10d::Backend& control, bool reque
   }
   // A word peers read back: a fresh random token, so a pid that names some
   // other process cannot pass.
-  volatile uint64_t probe = (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
-  char state = '?';
-  uint64_t start_time = 0;
-  const bool known = process_stat(getpid(), &state, &start_time);
+  std::mt19937_64 seed(static_cast<uint64_t>(getpid()) ^
+                       static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()));
+  volatile uint64_t probe = seed() | 1;
   at::Tensor mine = at::empty({kWords}, at::kLong), all = at::empty({n * kWords}, at::kLong);
   int64_t* m = mine.data_ptr<int64_t>();
   m[0] = kMagic;
-  m[1] = requested && known && (rank != 0 || block != MAP_FAILED) ? static_cast<int64_t>(host_identity()) : 0;
+  m[1] = requested && (rank != 0 || block != MAP_FAILED) ? static_cast<int64_t>(host_identity()) : 0;
   m[2] = getpid();
   m[3] = static_cast<int64_t>(reinterpret_cast<uintptr_t>(&probe));
   m[4] = static_cast<int64_t>(probe);
-  m[5] = static_cast<int64_t>(start_time);
+  m[5] = bad_setting.empty() ? 0 : 1;
   m[6] = fd;
-  control._allgather_base(all, mine)->wait();
+  try {
+    control._allgather_base(all, mine)->wait();
+  } catch (...) {
+    release();
+    unmap();
+    throw;
+  }
   const int64_t* a = all.data_ptr<int64_t>();
+  for (int r = 0; r < n; ++r) {
+    if (a[r * kWords + 5] == 0) continue;
+    release();  // every rank raises here, at the same point
+    unmap();
+    TORCH_CHECK_VALUE(bad_setting.empty(), bad_setting);
+    TORCH_CHECK_VALUE(false, "rank ", r, " of this group has a bad TORCH_NEURONX_DIST_PEER_ACCESS (see its error)");
+  }
   bool ok = m[1] != 0;
   std::vector<pid_t> pids(n);
-  std::vector<uint64_t> starts(n);
   for (int r = 0; r < n && ok; ++r) {
     const int64_t* x = a + r * kWords;
     ok = x[0] == kMagic && x[1] == m[1];
     pids[r] = static_cast<pid_t>(x[2]);
-    starts[r] = static_cast<uint64_t>(x[5]);
     if (!ok || r == rank) continue;
     uint64_t seen = 0;
     iovec l{&seen, sizeof seen}, rem{reinterpret_cast<void*>(static_cast<uintptr_t>(x[3])), sizeof seen};
     ok = process_vm_readv(pids[r], &l, 1, &rem, 1, 0) == static_cast<ssize_t>(sizeof seen) &&
          seen == static_cast<uint64_t>(x[4]);
+    pidfds[r] = static_cast<int>(syscall(SYS_pidfd_open, pids[r], 0));  // -1: alive_by_pid()
   }
   if (ok && rank != 0) {
     const std::string path = "/proc/" + std::to_string(pids[0]) + "/fd/" + std::to_string(a[6]);
@@ -179,25 +210,29 @@ std::shared_ptr<PeerLink> PeerLink::negotiate(c10d::Backend& control, bool reque
   } catch (...) {
     failed = std::current_exception();
   }
-  if (fd >= 0) ::close(fd);  // the mapping stays
+  release();  // the mapping stays
   for (int r = 0; r < n && ok && !failed; ++r) ok = flags.data_ptr<int64_t>()[r] == 1;
   if (!ok || failed) {
-    if (block != MAP_FAILED) munmap(block, bytes);
+    unmap();
     if (failed) std::rethrow_exception(failed);
     return nullptr;
   }
-  return std::shared_ptr<PeerLink>(new PeerLink(rank, std::move(pids), std::move(starts), static_cast<Slot*>(block), bytes));
+  return std::shared_ptr<PeerLink>(new PeerLink(rank, std::move(pids), std::move(pidfds), static_cast<Slot*>(block), bytes));
 }
 
-PeerLink::PeerLink(int rank, std::vector<pid_t> pids, std::vector<uint64_t> start_times, Slot* slots, size_t mapped)
-    : rank_(rank), pids_(std::move(pids)), start_times_(std::move(start_times)), slots_(slots), mapped_(mapped) {}
+PeerLink::PeerLink(int rank, std::vector<pid_t> pids, std::vector<int> pidfds, Slot* slots, size_t mapped)
+    : rank_(rank), pids_(std::move(pids)), pidfds_(std::move(pidfds)), slots_(slots), mapped_(mapped) {}
 
-PeerLink::~PeerLink() { munmap(slots_, mapped_); }
+PeerLink::~PeerLink() {
+  munmap(slots_, mapped_);
+  for (int p : pidfds_)
+    if (p >= 0) ::close(p);
+}
 
 bool PeerLink::alive(int peer) const {
-  char state = '?';
-  uint64_t start = 0;
-  return process_stat(pids_[peer], &state, &start) && start == start_times_[peer] && state != 'Z' && state != 'X';
+  if (pidfds_[peer] < 0) return alive_by_pid(pids_[peer]);
+  pollfd p{pidfds_[peer], POLLIN, 0};  // readable once the process has exited
+  return poll(&p, 1, 0) == 0;
 }
 
 void PeerLink::publish(std::atomic<uint32_t> Slot::*word, uint64_t n) {
@@ -210,9 +245,21 @@ void PeerLink::await(std::atomic<uint32_t> Slot::*word, int peer, uint64_t n,
                      std::chrono::steady_clock::time_point deadline, const char* what) {
   Slot& p = slots_[peer];
   std::atomic<uint32_t>& w = p.*word;
+  // The peer is never ahead: it waits for this rank at every collective. A
+  // peer that is means the ranks numbered their collectives differently.
+  auto done = [&](uint32_t value) {
+    if (value == static_cast<uint32_t>(n)) return true;
+    TORCH_CHECK(!reached(value, n + 1), "peer access: rank ", peer, " is at collective ", value,
+                " of the group's peer-access collectives and this rank at ", n,
+                ": the ranks took different paths for some collective (or one dropped one); the group cannot be "
+                "used any more");
+    TORCH_CHECK(p.broken.load(std::memory_order_acquire) == 0, "peer access: rank ", peer,
+                " gave up on the group (see its error) before it ", what, " collective ", n);
+    return false;
+  };
   // A short spin first: the peer is usually moments behind.
   for (int i = 0; i < 200; ++i) {
-    if (reached(w.load(std::memory_order_acquire), n)) return;
+    if (done(w.load(std::memory_order_acquire))) return;
 #if defined(__x86_64__)
     __builtin_ia32_pause();
 #endif
@@ -220,12 +267,12 @@ void PeerLink::await(std::atomic<uint32_t> Slot::*word, int peer, uint64_t n,
   for (;;) {
     p.waiters.fetch_add(1, std::memory_order_seq_cst);
     const uint32_t seen = w.load(std::memory_order_seq_cst);
-    if (!reached(seen, n)) {
+    if (seen != static_cast<uint32_t>(n) && p.broken.load(std::memory_order_seq_cst) == 0) {
       timespec slice{0, 50 * 1000 * 1000};  // then check that the peer lives and the deadline
       futex(&w, FUTEX_WAIT, seen, &slice);
     }
     p.waiters.fetch_sub(1, std::memory_order_seq_cst);
-    if (reached(w.load(std::memory_order_acquire), n)) return;
+    if (done(w.load(std::memory_order_acquire))) return;
     TORCH_CHECK(alive(peer), "peer access: rank ", peer, " (pid ", pids_[peer], ") exited before it ", what,
                 " collective ", n, " of its group");
     TORCH_CHECK(std::chrono::steady_clock::now() < deadline, "peer access: rank ", peer, " has not ", what,
@@ -237,13 +284,15 @@ void PeerLink::announce(uint64_t n, const Buffer& b) {
   Slot& me = slots_[rank_];
   me.address.store(b.address, std::memory_order_relaxed);
   me.bytes.store(b.bytes, std::memory_order_relaxed);
-  publish(&Slot::announced, n);  // releases the two above
+  me.check.store(b.check, std::memory_order_relaxed);
+  publish(&Slot::announced, n);  // releases the three above
 }
 
 PeerLink::Buffer PeerLink::announced(int peer, uint64_t n, std::chrono::steady_clock::time_point deadline) {
   await(&Slot::announced, peer, n, deadline, "reached");
   const Slot& p = slots_[peer];
-  return {p.address.load(std::memory_order_relaxed), p.bytes.load(std::memory_order_relaxed)};
+  return {p.address.load(std::memory_order_relaxed), p.bytes.load(std::memory_order_relaxed),
+          p.check.load(std::memory_order_relaxed)};
 }
 
 void PeerLink::finish(uint64_t n) { publish(&Slot::finished, n); }
@@ -253,8 +302,17 @@ void PeerLink::await_finished(int peer, uint64_t n, std::chrono::steady_clock::t
 }
 
 void PeerLink::mark_broken(const std::string& why) {
-  std::lock_guard<std::mutex> g(broken_mu_);
-  if (broken_.empty()) broken_ = why.empty() ? "unknown error" : why;
+  {
+    std::lock_guard<std::mutex> g(broken_mu_);
+    if (!broken_.empty()) return;
+    broken_ = why.empty() ? "unknown error" : why;
+  }
+  Slot& me = slots_[rank_];
+  me.broken.store(1, std::memory_order_seq_cst);
+  if (me.waiters.load(std::memory_order_seq_cst) > 0) {  // peers asleep on this rank
+    futex(&me.announced, FUTEX_WAKE, INT_MAX, nullptr);
+    futex(&me.finished, FUTEX_WAKE, INT_MAX, nullptr);
+  }
 }
 
 bool PeerLink::broken() const {

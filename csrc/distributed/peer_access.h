@@ -31,7 +31,10 @@ class PeerLink {
   // when every rank is on this host (same boot, network and pid namespaces),
   // every rank asked for it, and every rank could read a probe word of every
   // other one and map the shared block; otherwise nullptr, on every rank.
-  static std::shared_ptr<PeerLink> negotiate(c10d::Backend& control, bool requested);
+  // `requested` comes from peer_access_requested(), called here so that a
+  // bad setting on one rank raises on every rank instead of leaving the
+  // others waiting in the exchange.
+  static std::shared_ptr<PeerLink> negotiate(c10d::Backend& control);
   ~PeerLink();
 
   int rank() const { return rank_; }
@@ -49,6 +52,7 @@ class PeerLink {
   struct Buffer {
     uintptr_t address;
     int64_t bytes;
+    uint64_t check;  // the collective's sequence number in the group's fingerprint check
   };
   void announce(uint64_t n, const Buffer& b);
   Buffer announced(int peer, uint64_t n, std::chrono::steady_clock::time_point deadline);
@@ -61,7 +65,8 @@ class PeerLink {
   void write(int peer, const void* local, uintptr_t remote, size_t bytes) const;
 
   // After a collective failed part-way, the ranks' sequence words disagree:
-  // every later collective of the group fails at once, with the first reason.
+  // every later collective of the group fails at once, with the first reason,
+  // and so do the peers' waits on this rank (a word in the shared block).
   void mark_broken(const std::string& why);
   bool broken() const;
   std::string broken_reason() const;
@@ -69,7 +74,7 @@ class PeerLink {
   struct Slot;
 
  private:
-  PeerLink(int rank, std::vector<pid_t> pids, std::vector<uint64_t> start_times, Slot* slots, size_t mapped);
+  PeerLink(int rank, std::vector<pid_t> pids, std::vector<int> pidfds, Slot* slots, size_t mapped);
   void await(std::atomic<uint32_t> Slot::*word, int peer, uint64_t n, std::chrono::steady_clock::time_point deadline,
              const char* what);
   void publish(std::atomic<uint32_t> Slot::*word, uint64_t n);
@@ -77,7 +82,7 @@ class PeerLink {
 
   int rank_;
   std::vector<pid_t> pids_;
-  std::vector<uint64_t> start_times_;  // of each rank's process: a reused pid is another process
+  std::vector<int> pidfds_;  // each peer's process (a reused pid is another process); -1: none
   Slot* slots_;                        // one per rank, in the shared block
   size_t mapped_;
   std::atomic<uint64_t> taken_{0};

@@ -787,6 +787,18 @@ void quarantine(at::Tensor t) {
   kept->push_back(std::move(t));
 }
 
+// The contiguous tensor peers reach: `t` itself, or a copy where `t` is not
+// contiguous or carries a conj/neg bit (peers see raw bytes).
+at::Tensor peer_buffer(const at::Tensor& t) {
+  if (t.is_contiguous() && !t.is_conj() && !t.is_neg()) return t.view(-1);
+  return t.resolve_conj().resolve_neg().contiguous().view(-1);
+}
+
+std::string error_text(const std::exception& e) {
+  if (const auto* c = dynamic_cast<const c10::Error*>(&e)) return c->what_without_backtrace();
+  return e.what();
+}
+
 class PeerWork : public DirectWork {
  public:
   // `exposed`: the contiguous buffer of ours that peers read or write.
@@ -794,24 +806,34 @@ class PeerWork : public DirectWork {
       : d_(d), exposed_(std::move(exposed)), number_(d.peers->take_number()) {}
   ~PeerWork() override {
     if (scratch_.defined()) d_.buffers->give(std::move(scratch_));
+    // A numbered collective that never ran (its issue failed after this was
+    // made): the peers wait for it, so they must learn that it will not come.
+    if (!waited_) d_.peers->mark_broken("a collective was dropped on this rank before it ran");
   }
 
   bool isCompleted() override { return done_; }
   bool wait(std::chrono::milliseconds) override {
     if (done_) return true;
+    waited_ = true;
     PeerLink& link = *d_.peers;
-    const auto deadline = std::chrono::steady_clock::now() + d_.timeout;
+    TORCH_CHECK(!link.broken(), "peer access: an earlier collective of this group failed (", link.broken_reason(),
+                "); the group cannot be used any more: create a new one");
+    const auto now = std::chrono::steady_clock::now();
+    const auto deadline = d_.timeout >= std::chrono::hours(24 * 365)
+                              ? std::chrono::steady_clock::time_point::max()  // no overflow
+                              : now + d_.timeout;
     const int64_t bytes = exposed_.numel() * exposed_.element_size();
+    bool announced = false;
     try {
-      TORCH_CHECK(!link.broken(), "peer access: an earlier collective of this group failed (",
-                  link.broken_reason(), "); the group cannot be used any more: create a new one");
-      link.announce(number_, {reinterpret_cast<uintptr_t>(exposed_.data_ptr()), bytes});
+      link.announce(number_, {reinterpret_cast<uintptr_t>(exposed_.data_ptr()), bytes, d_.seq});
+      announced = true;
       std::vector<uintptr_t> bases(d_.size);
       for (int peer = 0; peer < d_.size; ++peer) {
         if (peer == d_.rank) continue;
         const auto b = link.announced(peer, number_, deadline);
-        TORCH_CHECK(b.bytes == bytes, "peer access: rank ", peer, " announced ", b.bytes,
-                    " bytes for this collective; this rank has ", bytes);
+        TORCH_CHECK(b.check == d_.seq && b.bytes == bytes, "peer access: rank ", peer, " announced ", b.bytes,
+                    " bytes for its collective ", b.check, "; this rank has ", bytes, " bytes for its collective ",
+                    d_.seq);
         bases[peer] = b.address;
       }
       move(bases);
@@ -819,8 +841,8 @@ class PeerWork : public DirectWork {
       for (int peer = 0; peer < d_.size; ++peer)
         if (peer != d_.rank) link.await_finished(peer, number_, deadline);
     } catch (const std::exception& e) {
-      link.mark_broken(e.what());
-      quarantine(exposed_);
+      link.mark_broken(error_text(e));
+      if (announced) quarantine(exposed_);
       throw;
     }
     settle();
@@ -865,6 +887,7 @@ class PeerWork : public DirectWork {
   at::Tensor scratch_;
   const uint64_t number_;
   std::atomic<bool> done_{false};
+  bool waited_ = false;
 };
 
 // Allreduce: each rank owns 1/size of the tensor (as in direct_allreduce).
@@ -876,7 +899,7 @@ class PeerWork : public DirectWork {
 class PeerAllreduce final : public PeerWork {
  public:
   PeerAllreduce(const Direct& d, at::Tensor t, c10d::ReduceOp op)
-      : PeerWork(d, t.contiguous().view(-1)), target_(std::move(t)), op_(std::move(op)) {}
+      : PeerWork(d, peer_buffer(t)), target_(std::move(t)), op_(std::move(op)) {}
 
  private:
   void move(const std::vector<uintptr_t>& bases) override {
@@ -897,9 +920,11 @@ class PeerAllreduce final : public PeerWork {
 class PeerReduceScatter final : public PeerWork {
  public:
   PeerReduceScatter(const Direct& d, at::Tensor out, const at::Tensor& in, c10d::ReduceOp op)
-      : PeerWork(d, in.contiguous().view(-1)),
+      : PeerWork(d, peer_buffer(in)),
         target_(std::move(out)),
-        acc_(target_.is_contiguous() ? target_.view(-1) : at::empty({target_.numel()}, target_.options())),
+        acc_(target_.is_contiguous() && !target_.is_conj() && !target_.is_neg()
+                 ? target_.view(-1)
+                 : at::empty({target_.numel()}, target_.options().memory_format(c10::MemoryFormat::Contiguous))),
         op_(std::move(op)) {}
 
  private:
@@ -920,7 +945,7 @@ class PeerReduceScatter final : public PeerWork {
 class PeerBroadcast final : public PeerWork {
  public:
   PeerBroadcast(const Direct& d, at::Tensor t, int root)
-      : PeerWork(d, t.contiguous().view(-1)), target_(std::move(t)), root_(root) {}
+      : PeerWork(d, peer_buffer(t)), target_(std::move(t)), root_(root) {}
 
  private:
   void move(const std::vector<uintptr_t>& bases) override {
@@ -940,7 +965,7 @@ class PeerBroadcast final : public PeerWork {
 class PeerAllgather final : public PeerWork {
  public:
   PeerAllgather(const Direct& d, at::Tensor out, const at::Tensor& in)
-      : PeerWork(d, out.contiguous().view(-1)), target_(std::move(out)), in_(in.contiguous().view(-1)) {
+      : PeerWork(d, peer_buffer(out)), target_(std::move(out)), in_(peer_buffer(in)) {
     at::Tensor own = exposed_.narrow(0, d.rank * in_.numel(), in_.numel());
     if (own.data_ptr() != in_.data_ptr()) own.copy_(in_);
   }
@@ -1008,7 +1033,7 @@ ProcessGroupNeuron::ProcessGroupNeuron(c10::intrusive_ptr<c10d::Backend> transpo
   TORCH_CHECK_VALUE(control_ && control_->getRank() == rank && control_->getSize() == size,
                     "ProcessGroupNeuron: the control transport must be a backend of the same ranks");
   // Collective: every rank creates the group at the same point.
-  peers_ = PeerLink::negotiate(*control_, peer_access_requested());
+  peers_ = PeerLink::negotiate(*control_);
   // Registered last: a constructor that throws runs no destructor to unregister.
   std::lock_guard<std::mutex> g(g_groups_mu);
   TORCH_CHECK(!g_shut_down, "the neuron distributed backend was shut down (interpreter exit)");

@@ -793,6 +793,21 @@ def mismatch(out):
 
 
 @job
+def bad_peer_setting_on_one_rank(out):
+    """Rank 1 alone has a bad TORCH_NEURONX_DIST_PEER_ACCESS when a group is created: every rank
+    raises at once (the others do not wait out the timeout in the exchange)."""
+    if rank() == 1:
+        os.environ["TORCH_NEURONX_DIST_PEER_ACCESS"] = "maybe"
+    start = time.time()
+    try:
+        dist.new_group(backend="neuron")
+    except Exception as e:  # noqa: BLE001
+        os.environ.pop("TORCH_NEURONX_DIST_PEER_ACCESS", None)
+        return {"raised": type(e).__name__, "message": str(e)[:400], "after_s": time.time() - start}
+    raise AssertionError("a bad TORCH_NEURONX_DIST_PEER_ACCESS did not raise")
+
+
+@job
 def ordering(out):
     """What NCCL's one stream per group guarantees: a send or receive queued after a collective
     on the same tensor sees its result; a barrier waits for every collective queued before it,
