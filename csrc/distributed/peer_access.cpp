@@ -18,12 +18,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
-#include <functional>
 #include <chrono>
+#include <functional>
 #include <random>
 #include <sstream>
 #include <string>
-#include <thread>
 
 namespace neuronx::distributed {
 
@@ -84,10 +83,6 @@ bool alive_by_pid(pid_t pid) {
   return state != 'Z' && state != 'X';
 }
 
-std::string without_backtrace(const std::exception& e) {
-  if (const auto* c = dynamic_cast<const c10::Error*>(&e)) return c->what_without_backtrace();
-  return e.what();
-}
 
 long futex(std::atomic<uint32_t>* word, int op, uint32_t value, const timespec* timeout) {
   return syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), op, value, timeout, nullptr, 0);
@@ -104,7 +99,6 @@ void transfer(const char* what, pid_t pid, int peer, char* local, uintptr_t remo
     const ssize_t n = call(pid, &l, 1, &r, 1, 0);
     if (n <= 0) {
       const int err = n < 0 ? errno : EIO;
-      if (err == EINTR) continue;
       TORCH_CHECK(false, "peer access: could not ", what, " the device memory of rank ", peer, " (pid ", pid, "): ",
                   std::strerror(err), err == ESRCH ? " (the process has exited)" : "");
     }

@@ -787,10 +787,13 @@ void quarantine(at::Tensor t) {
   kept->push_back(std::move(t));
 }
 
-// The contiguous tensor peers reach: `t` itself, or a copy where `t` is not
-// contiguous or carries a conj/neg bit (peers see raw bytes).
+// Whether peers can reach `t`'s bytes as they are: contiguous, without a
+// conj/neg bit (peers see raw bytes).
+bool peer_reachable(const at::Tensor& t) { return t.is_contiguous() && !t.is_conj() && !t.is_neg(); }
+
+// The contiguous tensor peers reach: `t` itself, or a resolved copy.
 at::Tensor peer_buffer(const at::Tensor& t) {
-  if (t.is_contiguous() && !t.is_conj() && !t.is_neg()) return t.view(-1);
+  if (peer_reachable(t)) return t.view(-1);
   return t.resolve_conj().resolve_neg().contiguous().view(-1);
 }
 
@@ -845,15 +848,19 @@ class PeerWork : public DirectWork {
       if (announced) quarantine(exposed_);
       throw;
     }
-    settle();
+    // The result into the caller's tensor, where it was computed in a copy.
+    if (target_.defined() && target_.data_ptr() != result_.data_ptr()) target_.copy_(result_.view(target_.sizes()));
     return done_ = true;
   }
 
  protected:
   // Moves the data, given each peer's buffer address.
   virtual void move(const std::vector<uintptr_t>& bases) = 0;
-  // Puts the result where the caller wants it, when `exposed_` is a copy.
-  virtual void settle() {}
+  // Where the result lands (`result`, contiguous) and the caller's tensor it belongs in.
+  void set_result(at::Tensor target, at::Tensor result) {
+    target_ = std::move(target);
+    result_ = std::move(result);
+  }
 
   // Reduces into `acc` (contiguous) the bytes at `offset` in every peer's
   // buffer, piece by piece; with `write_back`, writes each reduced piece
@@ -884,7 +891,7 @@ class PeerWork : public DirectWork {
   at::Tensor exposed_;
 
  private:
-  at::Tensor scratch_;
+  at::Tensor scratch_, target_, result_;
   const uint64_t number_;
   std::atomic<bool> done_{false};
   bool waited_ = false;
@@ -898,8 +905,9 @@ class PeerWork : public DirectWork {
 // reads and writes of different owners never meet.
 class PeerAllreduce final : public PeerWork {
  public:
-  PeerAllreduce(const Direct& d, at::Tensor t, c10d::ReduceOp op)
-      : PeerWork(d, peer_buffer(t)), target_(std::move(t)), op_(std::move(op)) {}
+  PeerAllreduce(const Direct& d, const at::Tensor& t, c10d::ReduceOp op) : PeerWork(d, peer_buffer(t)), op_(std::move(op)) {
+    set_result(t, exposed_);
+  }
 
  private:
   void move(const std::vector<uintptr_t>& bases) override {
@@ -907,11 +915,7 @@ class PeerAllreduce final : public PeerWork {
     const auto offset = static_cast<uintptr_t>((mine.storage_offset() - exposed_.storage_offset()) * mine.element_size());
     reduce_from_peers(mine, bases, offset, op_, /*write_back=*/true);
   }
-  void settle() override {
-    if (target_.data_ptr() != exposed_.data_ptr()) target_.copy_(exposed_.view(target_.sizes()));
-  }
 
-  at::Tensor target_;
   c10d::ReduceOp op_;
 };
 
@@ -919,13 +923,13 @@ class PeerAllreduce final : public PeerWork {
 // reduces it into its output; nobody writes into a peer.
 class PeerReduceScatter final : public PeerWork {
  public:
-  PeerReduceScatter(const Direct& d, at::Tensor out, const at::Tensor& in, c10d::ReduceOp op)
+  PeerReduceScatter(const Direct& d, const at::Tensor& out, const at::Tensor& in, c10d::ReduceOp op)
       : PeerWork(d, peer_buffer(in)),
-        target_(std::move(out)),
-        acc_(target_.is_contiguous() && !target_.is_conj() && !target_.is_neg()
-                 ? target_.view(-1)
-                 : at::empty({target_.numel()}, target_.options().memory_format(c10::MemoryFormat::Contiguous))),
-        op_(std::move(op)) {}
+        acc_(peer_reachable(out) ? out.view(-1)
+                                 : at::empty({out.numel()}, out.options().memory_format(c10::MemoryFormat::Contiguous))),
+        op_(std::move(op)) {
+    set_result(out, acc_);
+  }
 
  private:
   void move(const std::vector<uintptr_t>& bases) override {
@@ -933,30 +937,24 @@ class PeerReduceScatter final : public PeerWork {
     acc_.copy_(exposed_.narrow(0, d_.rank * n, n));
     reduce_from_peers(acc_, bases, static_cast<uintptr_t>(d_.rank * n * acc_.element_size()), op_, false);
   }
-  void settle() override {
-    if (target_.data_ptr() != acc_.data_ptr()) target_.copy_(acc_.view(target_.sizes()));
-  }
 
-  at::Tensor target_, acc_;
+  at::Tensor acc_;
   c10d::ReduceOp op_;
 };
 
 // broadcast: every other rank reads the root's tensor.
 class PeerBroadcast final : public PeerWork {
  public:
-  PeerBroadcast(const Direct& d, at::Tensor t, int root)
-      : PeerWork(d, peer_buffer(t)), target_(std::move(t)), root_(root) {}
+  PeerBroadcast(const Direct& d, const at::Tensor& t, int root) : PeerWork(d, peer_buffer(t)), root_(root) {
+    if (d.rank != root) set_result(t, exposed_);
+  }
 
  private:
   void move(const std::vector<uintptr_t>& bases) override {
     if (d_.rank == root_) return;
     d_.peers->read(root_, exposed_.data_ptr(), bases[root_], exposed_.numel() * exposed_.element_size());
   }
-  void settle() override {
-    if (d_.rank != root_ && target_.data_ptr() != exposed_.data_ptr()) target_.copy_(exposed_.view(target_.sizes()));
-  }
 
-  at::Tensor target_;
   int root_;
 };
 
@@ -964,8 +962,9 @@ class PeerBroadcast final : public PeerWork {
 // peer's output.
 class PeerAllgather final : public PeerWork {
  public:
-  PeerAllgather(const Direct& d, at::Tensor out, const at::Tensor& in)
-      : PeerWork(d, peer_buffer(out)), target_(std::move(out)), in_(peer_buffer(in)) {
+  PeerAllgather(const Direct& d, const at::Tensor& out, const at::Tensor& in)
+      : PeerWork(d, peer_buffer(out)), in_(peer_buffer(in)) {
+    set_result(out, exposed_);
     at::Tensor own = exposed_.narrow(0, d.rank * in_.numel(), in_.numel());
     if (own.data_ptr() != in_.data_ptr()) own.copy_(in_);
   }
@@ -977,11 +976,8 @@ class PeerAllgather final : public PeerWork {
       if (peer != d_.rank)
         d_.peers->write(peer, in_.data_ptr(), bases[peer] + static_cast<uintptr_t>(d_.rank * bytes), bytes);
   }
-  void settle() override {
-    if (target_.data_ptr() != exposed_.data_ptr()) target_.copy_(exposed_.view(target_.sizes()));
-  }
 
-  at::Tensor target_, in_;
+  at::Tensor in_;
 };
 
 }  // namespace
