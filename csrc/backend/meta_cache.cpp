@@ -1,4 +1,5 @@
 #include "backend/meta_cache.h"
+#include "backend/small_index.h"
 
 #include <c10/core/DefaultDtype.h>
 
@@ -12,6 +13,15 @@ namespace {
 template <typename T>
 void put(std::string& k, const T& v) {
   k.append(reinterpret_cast<const char*>(&v), sizeof(T));
+}
+
+// 7 bits a byte, high bit set on all but the last: no width to wrap.
+void put_varint(std::string& k, size_t v) {
+  while (v >= 0x80) {
+    k.push_back(static_cast<char>((v & 0x7f) | 0x80));
+    v >>= 7;
+  }
+  k.push_back(static_cast<char>(v));
 }
 
 // false: not cacheable. Host tensors beyond 0-dim scalars are index tensors,
@@ -85,27 +95,28 @@ bool put_value(std::string& k, const c10::IValue& v, bool float_values) {
 
 bool MetaCache::make_key(c10::ArrayRef<c10::IValue> args, std::string& key, bool float_values) {
   key.clear();
-  // Which operands share a storage changes what meta kernels check (overlap).
-  c10::SmallVector<const c10::StorageImpl*, 8> storages;
+  // Factory-like ops read the default dtype when dtype=None.
+  put(key, static_cast<int8_t>(c10::get_default_dtype_as_scalartype()));
+  for (const auto& v : args)
+    if (!put_value(key, v, float_values)) return false;
+  // Which operands share a storage changes what meta kernels check (overlap),
+  // appended after the self-delimiting values so no two keys can run together:
+  // each neuron operand gets the index of the first operand with its storage,
+  // as a varint (a call may pass thousands of tensors: foreach, cat, stack).
+  thread_local SmallIndex<const c10::StorageImpl*, size_t> storages;
+  storages.clear();
   for (const auto& v : args) {
     auto note = [&](const at::Tensor& t) {
       if (!t.defined() || t.device().type() != kNeuron) return;
       const c10::StorageImpl* st = t.storage().unsafeGetStorageImpl();
-      uint8_t cls = 0;
-      while (cls < storages.size() && storages[cls] != st) ++cls;
-      if (cls == storages.size()) storages.push_back(st);
-      key.push_back(static_cast<char>(cls));
+      const size_t* cls = storages.find(st);
+      put_varint(key, cls ? *cls : storages.put(st, storages.size()));
     };
     if (v.isTensor()) note(v.toTensor());
     else if (v.isList())
       for (const auto& e : v.toListRef())
         if (e.isTensor()) note(e.toTensor());
   }
-  key.push_back('|');
-  // Factory-like ops read the default dtype when dtype=None.
-  put(key, static_cast<int8_t>(c10::get_default_dtype_as_scalartype()));
-  for (const auto& v : args)
-    if (!put_value(key, v, float_values)) return false;
   return true;
 }
 

@@ -33,19 +33,16 @@ at::Tensor make_alias(c10::Storage storage, const at::Tensor& t, c10::DispatchKe
 
 at::Tensor AliasSet::cpu(const at::Tensor& t, bool resizable) {
   if (!t.defined()) return t;
-  for (auto& [impl, alias] : cpu_impls_)
-    if (impl == t.unsafeGetTensorImpl() && alias.sizes() == t.sizes() && alias.strides() == t.strides() &&
-        alias.storage_offset() == t.storage_offset())
-      return alias;
-  at::Tensor alias = cpu_storage_alias(t, resizable);
-  cpu_impls_.emplace_back(t.unsafeGetTensorImpl(), alias);
-  return alias;
+  if (const at::Tensor* alias = cpu_impls_.find(t.unsafeGetTensorImpl()))
+    if (alias->sizes() == t.sizes() && alias->strides() == t.strides() &&
+        alias->storage_offset() == t.storage_offset())
+      return *alias;
+  return cpu_impls_.put(t.unsafeGetTensorImpl(), cpu_storage_alias(t, resizable));
 }
 
 at::Tensor AliasSet::cpu_storage_alias(const at::Tensor& t, bool resizable) {
   c10::StorageImpl* st = t.storage().unsafeGetStorageImpl();
-  for (auto& [key, storage] : cpu_)
-    if (key == st) return make_alias(storage, t, c10::DispatchKey::CPU);
+  if (const c10::Storage* storage = cpu_.find(st)) return make_alias(*storage, t, c10::DispatchKey::CPU);
   void* base = st->data_ptr().get();
   c10::DataPtr data;
   if (base) {
@@ -56,18 +53,17 @@ at::Tensor AliasSet::cpu_storage_alias(const at::Tensor& t, bool resizable) {
   }
   c10::Storage storage(c10::Storage::use_byte_size_t(), st->nbytes(), std::move(data),
                        resizable ? c10::GetCPUAllocator() : nullptr, resizable);
-  cpu_.emplace_back(st, storage);
+  cpu_.put(st, storage);
   return make_alias(std::move(storage), t, c10::DispatchKey::CPU);
 }
 
 at::Tensor AliasSet::meta(const at::Tensor& t) {
   if (!t.defined()) return t;
   const c10::StorageImpl* st = t.storage().unsafeGetStorageImpl();
-  for (auto& [key, storage] : meta_)
-    if (key == st) return make_alias(storage, t, c10::DispatchKey::Meta);
+  if (const c10::Storage* storage = meta_.find(st)) return make_alias(*storage, t, c10::DispatchKey::Meta);
   c10::Storage storage(c10::Storage::use_byte_size_t(), t.storage().nbytes(),
                        c10::DataPtr(nullptr, c10::Device(c10::kMeta)), c10::GetAllocator(c10::kMeta), true);
-  meta_.emplace_back(st, storage);
+  meta_.put(st, storage);
   return make_alias(std::move(storage), t, c10::DispatchKey::Meta);
 }
 

@@ -5,6 +5,7 @@
 #include <c10/util/SmallVector.h>
 
 #include "backend/common.h"
+#include "backend/small_index.h"
 
 namespace neuronx {
 
@@ -34,11 +35,11 @@ class AliasSet {
 
  private:
   at::Tensor cpu_storage_alias(const at::Tensor& t, bool resizable);
-  c10::SmallVector<std::pair<const c10::StorageImpl*, c10::Storage>, 4> cpu_, meta_;
+  SmallIndex<const c10::StorageImpl*, c10::Storage> cpu_, meta_;
   // One alias per device tensor: an op given the same tensor twice (an
   // in-place op's self and out=) sees the same tensor twice, as on CPU
   // (TensorIterator's read-write and overlap checks compare impls).
-  c10::SmallVector<std::pair<const c10::TensorImpl*, at::Tensor>, 4> cpu_impls_;
+  SmallIndex<const c10::TensorImpl*, at::Tensor> cpu_impls_;
 };
 
 // A CPU alias of a single tensor (AliasSet().cpu(t)).
