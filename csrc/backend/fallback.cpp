@@ -7,6 +7,7 @@
 // Ops without a meta kernel, or whose output shape depends on data, take the
 // synchronous path: drain the stream, run, and adopt the results.
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/native/Resize.h>
 #include <ATen/ops/empty_strided.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
@@ -369,6 +370,10 @@ bool meta_unavailable(const std::exception& e) {
          msg.find("data-dependent") != std::string::npos || msg.find("data dependent") != std::string::npos;
 }
 
+struct DiscardWarnings : c10::WarningHandler {
+  void process(const c10::Warning&) override {}
+};
+
 // Runs the op's meta kernel on meta twins of the operands. nullopt: the op
 // must take the synchronous path (no meta kernel, data-dependent shapes, or
 // results that are host values).
@@ -379,6 +384,10 @@ std::shared_ptr<MetaResult> run_meta(OpAnalysis& a, c10::ArrayRef<c10::IValue> a
   for (const auto& v : args) meta.push_back(meta_operand(v, alias_set));
   std::vector<c10::IValue> meta_args(meta.begin(), meta.end());
   try {
+    // The CPU kernel warns for the call (out= resizes, deprecations); the
+    // meta kernel's copy of those warnings would make each appear twice.
+    DiscardWarnings quiet;
+    c10::WarningUtils::WarningHandlerGuard guard(&quiet);
     a.op.redispatchBoxed(kMetaKeys, &meta);
   } catch (const c10::Error& e) {
     // No meta kernel: always synchronous. Any other error is the user's (bad
@@ -509,6 +518,9 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::Stack* stack) {
     // through them (or raise, e.g. on internal overlap) rather than restride.
     if (!t.defined() || t.device().type() != kNeuron) continue;
     if (a.arg_out[i] && t.sizes() == c10::IntArrayRef(g.sizes)) continue;
+    // CPU's kernel warns on every resize of a non-empty out= (the run that
+    // chose this path did too); so does this one, which resizes on the host.
+    if (a.arg_out[i]) at::native::resize_output_check(t, g.sizes);
     adopt_geometry(t, g);
   }
 

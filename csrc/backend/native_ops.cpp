@@ -100,7 +100,9 @@ at::Tensor& set_empty(at::Tensor& self) {
 const at::Tensor& resize(const at::Tensor& self, c10::IntArrayRef size, std::optional<c10::MemoryFormat> mf) {
   for (int64_t s : size) TORCH_CHECK(s >= 0, "Trying to create tensor with negative dimension ", s, ": ", size);
   auto* impl = self.unsafeGetTensorImpl();
-  impl->set_sizes_contiguous(size);
+  // As on CPU: a resize to the current sizes keeps the strides, so out=
+  // arguments that are strided views are written through, not restrided.
+  if (impl->sizes() != size) impl->set_sizes_contiguous(size);
   if (impl->numel() > 0) {
     const size_t needed =
         at::detail::computeStorageNbytesContiguous(size, self.dtype().itemsize(), self.storage_offset());
