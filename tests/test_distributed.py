@@ -61,6 +61,12 @@ def test_every_collective_matches_gloo(tmp_path):
     assert all(r["checked"] >= 8 * 3 * 20 for r in results)
 
 
+@pytest.mark.parametrize("peer_access", ["1", "0"])
+def test_every_collective_under_inference_mode(tmp_path, peer_access):
+    results, _ = launch("inference_mode", tmp_path, TORCH_NEURONX_DIST_PEER_ACCESS=peer_access)
+    assert all(r["checked"] >= 40 for r in results)
+
+
 def test_every_collective_at_64mb_matches_gloo(tmp_path):
     results, _ = launch("collectives_64mb", tmp_path)
     assert all(r["checked"] >= 5 * 20 for r in results)

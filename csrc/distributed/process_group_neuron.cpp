@@ -1,6 +1,7 @@
 #include "distributed/process_group_neuron.h"
 
 #include <ATen/ops/empty.h>
+#include <c10/core/InferenceMode.h>
 #include <ATen/ops/maximum.h>
 #include <ATen/ops/minimum.h>
 #include <ATen/ops/zeros.h>
@@ -32,7 +33,10 @@ std::vector<at::Tensor> host(const std::vector<at::Tensor>& ts) {
   out.reserve(ts.size());
   // Fresh TensorImpls (no Python object): the transport may drop its last
   // reference on its own threads, even while the interpreter shuts down.
-  for (const auto& t : ts) out.push_back(on_neuron(t) ? cpu_alias(t) : t.alias());
+  // Normal tensors even when the caller is in inference mode: the transport
+  // and the completer update them in place on threads that are not.
+  c10::InferenceMode normal(false);
+  for (const auto& t : ts) out.push_back(cpu_alias(t));
   return out;
 }
 
@@ -84,7 +88,7 @@ void premultiply(const c10d::ReduceOp& op, at::Tensor& t) {
   auto* s = dynamic_cast<c10d::PreMulSumSupplement*>(op.supplement_.get());
   TORCH_CHECK(s, "PREMUL_SUM without a factor");
   if (s->tensor_factor.defined()) {
-    const at::Tensor f = on_neuron(s->tensor_factor) ? cpu_alias(s->tensor_factor) : s->tensor_factor;
+    const at::Tensor f = on_neuron(s->tensor_factor) ? cpu_alias(s->tensor_factor) : s->tensor_factor;  // read only
     t.mul_(f.to(t.scalar_type()));
   } else {
     t.mul_(s->double_factor);

@@ -213,6 +213,20 @@ def _every_collective(dtype, size, every_op=True):
 
 
 @job
+def inference_mode(out):
+    """Every collective on inference tensors inside torch.inference_mode(), as vLLM runs its
+    tensor-parallel model (works under no_grad; an in-place update of an inference tensor
+    outside inference mode raises)."""
+    with torch.inference_mode():
+        checked = _every_collective(torch.float32, 1000) + _every_collective(torch.int64, 1 << 20, every_op=False)
+        t = torch.ones(4, device=dev())
+        assert t.is_inference()
+        dist.all_reduce(t)
+        close(t, torch.full((4,), float(world())), "all_reduce of an inference tensor")
+    return {"checked": checked + 1}
+
+
+@job
 def collectives(out):
     r, n = rank(), world()
     RO = dist.ReduceOp
@@ -937,7 +951,7 @@ def subgroup_at_exit(out):
 KEEP_GROUP_AT_EXIT = {"subgroup_at_exit"}  # these end with the default group alive
 # Jobs whose reference runs on CPU tensors: there, CPU tensors go to Gloo ("cpu:gloo"), so the
 # reference is Gloo's, not this backend's own CPU path (which a plain "neuron" group would use).
-GLOO_REFERENCE = {"collectives", "collectives_64mb", "ddp", "fsdp2", "tensor_parallel", "pipeline_parallel",
+GLOO_REFERENCE = {"collectives", "inference_mode", "collectives_64mb", "ddp", "fsdp2", "tensor_parallel", "pipeline_parallel",
                   "zero"}
 
 
