@@ -5,6 +5,7 @@ test_cuda.py runs on CUDA): each op's output dtype under autocast must be what C
 gives, and its values must equal running the op on explicitly cast inputs.
 """
 import collections
+import warnings
 
 import pytest
 import torch
@@ -85,12 +86,26 @@ def test_autocast_registers_every_op_cuda_autocasts():
 
 def test_defaults():
     assert torch.get_autocast_dtype("neuron") == torch.bfloat16
-    assert torch.neuron.get_amp_supported_dtype() == [torch.bfloat16, torch.float16]
+    assert torch.neuron.get_amp_supported_dtype() == [torch.bfloat16, torch.float16, torch.float32]
     assert torch.neuron.is_bf16_supported()
     with torch.autocast("neuron"):
         assert torch.is_autocast_enabled("neuron")
         assert (torch.ones(2, 2, device=DEV) @ torch.ones(2, 2, device=DEV)).dtype == torch.bfloat16
     assert not torch.is_autocast_enabled("neuron")
+
+
+def test_float32_autocast_is_accepted_as_on_cuda():
+    # CUDA accepts dtype=float32 (lower-precision ops then run in float32); a refused dtype
+    # warns and disables autocast, which the warning filter turns into a failure here.
+    a = torch.randn(8, 8, dtype=torch.float16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with torch.autocast("neuron", dtype=torch.float32):
+            assert torch.is_autocast_enabled("neuron")
+            assert torch.get_autocast_dtype("neuron") == torch.float32
+            y = a.to(DEV) @ a.to(DEV)
+    assert y.dtype == torch.float32
+    torch.testing.assert_close(y.cpu(), a.float() @ a.float())
 
 
 @pytest.mark.parametrize("op,args", LISTS.torch_fp16, ids=ids(LISTS.torch_fp16))

@@ -37,6 +37,10 @@ def _register():
 
 _register()
 
+from . import _torch_compat  # noqa: E402
+
+_torch_compat.apply()
+
 from . import distributed as _distributed  # noqa: E402
 
 _distributed._register()

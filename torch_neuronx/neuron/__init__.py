@@ -158,8 +158,8 @@ def get_device_capability(device: _DeviceLike = None):
 
 
 def get_amp_supported_dtype():
-    """Dtypes ``torch.autocast("neuron")`` accepts."""
-    return [torch.bfloat16, torch.float16]
+    """Dtypes ``torch.autocast("neuron")`` accepts (CUDA's list: float32 autocasts lower-precision ops to float32)."""
+    return [torch.bfloat16, torch.float16, torch.float32]
 
 
 def is_bf16_supported(including_emulation: bool = True) -> bool:

@@ -1,0 +1,111 @@
+"""The few places where PyTorch's Python decides by device name what a backend gets.
+
+PyTorch keys some behaviour on ``device.type in {"cuda", "cpu", ...}`` lists that a backend
+cannot register itself into. Each adjustment below gives ``neuron`` what CUDA (or, where the
+kernels are CPU's, CPU) gets, is checked against the torch version it was written for, and is
+listed in docs/device.md ("Adjustments to PyTorch"). Nothing else in the package patches torch.
+
+- FlexAttention: ``torch.nn.attention.flex_attention._validate_device`` allows only a fixed list
+  of device types; ``neuron`` runs the higher-order op's dense implementation (forward and
+  backward), like CPU for the forward and unlike CPU for the backward, which CPU refuses.
+- FlexAttention under ``torch.autocast("neuron")``: the higher-order op has autocast kernels for
+  CPU and CUDA only; ``neuron`` gets the same cast-then-redispatch kernel. Every other
+  higher-order op gets the fallthrough that PyTorch gives AutocastCPU/AutocastCUDA.
+- ``linear_cross_entropy``: the chunked path picks fp32 accumulation for bf16/fp16 inputs on CPU
+  and CUDA only; ``neuron`` gets fp32 and CPU's chunking defaults (its kernels are CPU's).
+"""
+import warnings
+
+import torch
+
+# The torch releases these adjustments were checked against (the project pins torch==2.13.0).
+_CHECKED = ("2.13.",)
+_applied = []
+
+
+def applied():
+    """Names of the adjustments in effect in this process."""
+    return list(_applied)
+
+
+def _flex_attention_device():
+    import torch.nn.attention.flex_attention as fa
+
+    original = fa._validate_device
+    if getattr(original, "_neuron", False):
+        return
+
+    def _validate_device(query, key, value):
+        if query.device.type == "neuron":
+            return
+        return original(query, key, value)
+
+    _validate_device._neuron = True
+    fa._validate_device = _validate_device
+    _applied.append("flex_attention_device")
+
+
+def _higher_order_autocast():
+    from torch._C import DispatchKey
+    from torch._higher_order_ops.flex_attention import flex_attention
+    from torch._ops import _higher_order_ops
+    from torch.amp.autocast_mode import _cast
+
+    key = DispatchKey.AutocastPrivateUse1
+    if key not in flex_attention.py_kernels:
+
+        @flex_attention.py_impl(key)
+        def _flex_attention_autocast(query, key_, value, score_mod, block_mask, scale, kernel_options,
+                                     score_mod_other_buffers=(), mask_mod_other_buffers=()):
+            # As PyTorch's AutocastCUDA kernel: q, k, v in the autocast dtype, then the op itself.
+            dtype = torch.get_autocast_dtype(query.device.type)
+            q, k, v = (_cast(t, query.device.type, dtype) for t in (query, key_, value))
+            with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(key)):
+                return flex_attention(q, k, v, score_mod, block_mask, scale, kernel_options,
+                                      score_mod_other_buffers, mask_mod_other_buffers)
+
+    for op in list(_higher_order_ops.values()):  # those defined when torch_neuronx loads
+        if key not in op.py_kernels:
+            op.fallthrough(key)
+    _applied.append("higher_order_autocast")
+
+
+def _linear_cross_entropy_accumulation():
+    from torch.nn.modules import linear_cross_entropy_options as lce
+
+    cls = lce.LinearCrossEntropyOptions
+    original = cls.__dict__["_resolve_auto_acc_dtype"].__func__
+    if getattr(original, "_neuron", False):
+        return
+
+    def _resolve_auto_acc_dtype(dtype, device):
+        if device is not None and device.type == "neuron" and dtype in (torch.float16, torch.bfloat16):
+            return torch.float32
+        return original(dtype, device)
+
+    _resolve_auto_acc_dtype._neuron = True
+    cls._resolve_auto_acc_dtype = staticmethod(_resolve_auto_acc_dtype)
+    for dtype in (torch.bfloat16, torch.float16):
+        if ("cpu", dtype) in lce._AUTO_DEFAULTS:
+            lce._AUTO_DEFAULTS.setdefault(("neuron", dtype), lce._AUTO_DEFAULTS[("cpu", dtype)])
+    _applied.append("linear_cross_entropy_accumulation")
+
+
+def apply():
+    """Applies every adjustment once; on an unchecked torch version, warns and applies none."""
+    if _applied:
+        return
+    if not torch.__version__.startswith(_CHECKED):
+        warnings.warn(
+            f"torch_neuronx: torch {torch.__version__} is not a version its PyTorch adjustments were checked "
+            f"against ({', '.join(v + 'x' for v in _CHECKED)}); FlexAttention and linear_cross_entropy keep "
+            "PyTorch's own device rules on neuron. Install torch==2.13.0.",
+            stacklevel=2,
+        )
+        return
+    for adjust in (_flex_attention_device, _higher_order_autocast, _linear_cross_entropy_accumulation):
+        try:
+            adjust()
+        except (AttributeError, ImportError, KeyError) as e:  # torch moved something: say which
+            warnings.warn(f"torch_neuronx: PyTorch adjustment {adjust.__name__[1:]} not applied: {e!r}",
+                          stacklevel=2)
