@@ -5,13 +5,7 @@ OUTCOMES = ("pass", "fail", "error", "skip")
 
 # Non-passes whose cause is known and lies outside the backend's kernels; they still count as
 # failures, the report says why.
-KNOWN_CAUSES = {
-    "nn.functional.linear_cross_entropy": (
-        "PyTorch picks the accumulation dtype by device type: fp32 for bf16/fp16 inputs on CPU and "
-        "CUDA only (`LinearCrossEntropyOptions._resolve_auto_acc_dtype`), the input dtype elsewhere; "
-        "neuron therefore accumulates in bf16/fp16 while the CPU reference accumulates in fp32"),
-    "LinearCrossEntropyLoss": "as nn.functional.linear_cross_entropy: device-dependent accumulation dtype",
-}
+KNOWN_CAUSES: dict[str, str] = {}  # op or module name (or name prefix) -> why
 
 
 def known_cause(name):

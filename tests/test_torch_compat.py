@@ -1,0 +1,52 @@
+"""torch_neuronx._torch_compat: where PyTorch's Python decides by device name, neuron gets what
+CUDA (or CPU, whose kernels neuron runs) gets, and an unchecked torch version changes nothing."""
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.nn.modules.linear_cross_entropy_options import LinearCrossEntropyOptions
+
+import torch_neuronx._torch_compat as compat
+
+DEV = torch.device("neuron")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_linear_cross_entropy_accumulates_in_float32_as_on_cpu_and_cuda(dtype):
+    # A vocabulary head of ordinary size, chunked: in the input dtype the loss and gradients
+    # drift from CPU's (which accumulates in float32); with float32 accumulation they match.
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(512, 256, generator=g).to(dtype)
+    w = (torch.randn(4096, 256, generator=g) * 0.05).to(dtype)
+    y = torch.randint(0, 4096, (512,), generator=g)
+    opts = LinearCrossEntropyOptions()
+    assert opts._adjust(512, 256, 4096, dtype, DEV).acc_dtype == torch.float32
+    xc, wc = x.clone().requires_grad_(), w.clone().requires_grad_()
+    loss_c = F.linear_cross_entropy(xc, wc, y, options=opts)
+    loss_c.backward()
+    xd, wd = x.to(DEV).requires_grad_(), w.to(DEV).requires_grad_()
+    loss_d = F.linear_cross_entropy(xd, wd, y.to(DEV), options=opts)
+    loss_d.backward()
+    torch.testing.assert_close(loss_d.cpu(), loss_c, rtol=0, atol=0)
+    torch.testing.assert_close(xd.grad.cpu(), xc.grad, rtol=0, atol=0)
+    torch.testing.assert_close(wd.grad.cpu(), wc.grad, rtol=0, atol=0)
+
+
+def test_the_adjustments_are_in_effect():
+    assert {"flex_attention_device", "higher_order_autocast"} <= set(compat.applied())
+    # Other higher-order ops pass autocast through on neuron, as on CPU and CUDA.
+    from torch._C import DispatchKey
+    from torch._higher_order_ops.cond import cond_op
+
+    assert not cond_op.non_fallthrough_keys.has(DispatchKey.AutocastPrivateUse1)
+
+
+def test_an_unchecked_torch_version_warns_and_changes_nothing(monkeypatch):
+    monkeypatch.setattr(compat, "_applied", [])
+    monkeypatch.setattr(torch, "__version__", "9.0.0")
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        compat.apply()
+    assert compat.applied() == []
+    assert any("not a version its PyTorch adjustments were checked against" in str(x.message) for x in w)
