@@ -1,6 +1,6 @@
 """Errors: device mismatches (CUDA's wording), 0-dim CPU scalars, asynchronous kernel failures
 surfacing at the next synchronization (and at the op with NEURON_LAUNCH_BLOCKING=1), unsupported
-tensor kinds (quantized, nested), invalid device indices.
+tensor kinds (nested), invalid device indices.
 """
 import contextlib
 import json
@@ -298,11 +298,6 @@ def _nested_cpu():
 
 
 _UNSUPPORTED = {
-    "quantized_to_neuron": ("quantized", lambda: torch.quantize_per_tensor(
-        torch.randn(4), 0.1, 0, torch.qint8).to("neuron")),
-    "quantized_empty": ("quantized", lambda: torch.empty(3, dtype=torch.qint8, device="neuron")),
-    "quantize_neuron_tensor": ("quantized", lambda: torch.quantize_per_tensor(
-        torch.randn(4, device="neuron"), 0.1, 0, torch.qint8)),
     "nested_to_neuron": ("nested", lambda: _nested_cpu().to("neuron")),
 }
 

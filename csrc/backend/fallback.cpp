@@ -8,7 +8,9 @@
 // synchronous path: drain the stream, run, and adopt the results.
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/native/Resize.h>
+#include <ATen/ExpandUtils.h>
 #include <ATen/ops/empty_strided.h>
+#include <ATen/ops/index.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
 
@@ -107,7 +109,12 @@ OpAnalysis::OpAnalysis(const c10::OperatorHandle& h) : op(h) {
   const std::string& base = s.name();
   allow_cpu_operands = base == "aten::index" || base == "aten::index_put" || base == "aten::index_put_" ||
                        base == "aten::_index_put_impl_" || base == "aten::_unsafe_index" ||
-                       base == "aten::_unsafe_index_put";
+                       base == "aten::_unsafe_index_put" || base == "aten::index_fill" ||
+                       base == "aten::index_fill_";
+  if (base == "aten::index" || base == "aten::_unsafe_index") indexing = Indexing::kGet;
+  if (base == "aten::index_put" || base == "aten::index_put_" || base == "aten::_index_put_impl_" ||
+      base == "aten::_unsafe_index_put")
+    indexing = Indexing::kPut;
   for (const char* f : {"arange", "range", "linspace", "logspace", "histc", "histogram"})
     if (base.find(f) != std::string::npos) float_values_shape = true;
   bool all_new = num_returns > 0;
@@ -370,6 +377,43 @@ bool meta_unavailable(const std::exception& e) {
          msg.find("data-dependent") != std::string::npos || msg.find("data dependent") != std::string::npos;
 }
 
+// What CUDA checks on the host before an advanced-indexing kernel, from
+// shapes alone: indices broadcast together, a non-empty index into an empty
+// dimension, values that broadcast to the indexed result (index_put). Boolean
+// masks decide the result's shape from their data (CUDA runs nonzero first):
+// synchronous too. false: take the synchronous path, where the CPU kernel
+// raises at the op with CPU's exception and wording.
+bool indexing_checks_pass(const OpAnalysis& a, c10::ArrayRef<c10::IValue> args) {
+  if (args.size() < 2 || !args[0].isTensor() || !args[1].isList()) return true;
+  const at::Tensor& self = args[0].toTensor();
+  AliasSet aliases;
+  c10::List<std::optional<at::Tensor>> indices;
+  int64_t dim = 0;
+  for (const c10::IValue& v : args[1].toListRef()) {
+    if (!v.isTensor() || !v.toTensor().defined()) {
+      indices.push_back(std::nullopt);
+      ++dim;
+      continue;
+    }
+    const at::Tensor& i = v.toTensor();
+    if (i.scalar_type() == c10::kBool || i.scalar_type() == c10::kByte) return false;
+    if (dim < self.dim() && self.size(dim) == 0 && i.numel() > 0) return false;
+    ++dim;
+    indices.push_back(i.device().type() == kNeuron ? aliases.meta(i) : i.to(c10::kMeta));
+  }
+  try {
+    const at::Tensor result = at::index(aliases.meta(self), indices);
+    if (a.indexing == OpAnalysis::Indexing::kPut && args.size() > 2 && args[2].isTensor()) {
+      const at::Tensor& values = args[2].toTensor();
+      if (at::infer_size(values.sizes(), result.sizes()) != result.sizes()) return false;
+    }
+  } catch (const std::exception&) {
+    clear_python_error();
+    return false;
+  }
+  return true;
+}
+
 struct DiscardWarnings : c10::WarningHandler {
   void process(const c10::Warning&) override {}
 };
@@ -378,6 +422,7 @@ struct DiscardWarnings : c10::WarningHandler {
 // must take the synchronous path (no meta kernel, data-dependent shapes, or
 // results that are host values).
 std::shared_ptr<MetaResult> run_meta(OpAnalysis& a, c10::ArrayRef<c10::IValue> args) {
+  if (a.indexing != OpAnalysis::Indexing::kNone && !indexing_checks_pass(a, args)) return nullptr;
   c10::Stack meta;
   meta.reserve(a.num_args);
   AliasSet alias_set;

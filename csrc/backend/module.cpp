@@ -26,6 +26,7 @@ namespace neuronx {
 void register_hooks();
 void register_direct_fallbacks();
 void register_sparse_kernels();
+void register_quantized_kernels();
 void init_autocast_dtype();
 void bind_memory_snapshot(py::module& m);
 namespace compiler {
@@ -95,6 +96,7 @@ PYBIND11_MODULE(_C, m) {
   register_hooks();
   register_direct_fallbacks();
   register_sparse_kernels();
+  register_quantized_kernels();
   init_autocast_dtype();
   set_clear_python_error([] { PyErr_Clear(); });
   // Waiting on the device with the GIL held could deadlock: a kernel that

@@ -213,22 +213,18 @@ TORCH_LIBRARY_IMPL(aten, Negative, m) {
 
 namespace neuronx {
 namespace {
-// Nested (strided) and quantized neuron tensors can come into existence
-// through composite paths that never reach the neuron kernels; every op on
-// them then lands here. (Sparse tensors are supported: sparse.cpp.)
+// Nested (strided) neuron tensors can come into existence through composite
+// paths that never reach the neuron kernels; every op on them then lands
+// here. (Sparse and quantized tensors are supported: sparse.cpp, quantized.cpp.)
 [[noreturn]] void unsupported(const c10::OperatorHandle& op, const char* kind) {
   TORCH_CHECK_NOT_IMPLEMENTED(false, op.schema().name(), ": ", kind,
                               " are not supported on neuron yet; keep them on CPU (only strided tensors run on "
                               "neuron)");
 }
 void nested_unsupported(const c10::OperatorHandle& op, c10::Stack*) { unsupported(op, "nested tensors"); }
-void quantized_unsupported(const c10::OperatorHandle& op, c10::Stack*) { unsupported(op, "quantized tensors"); }
 }  // namespace
 
 TORCH_LIBRARY_IMPL(_, NestedTensorPrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&nested_unsupported>());
-}
-TORCH_LIBRARY_IMPL(_, QuantizedPrivateUse1, m) {
-  m.fallback(torch::CppFunction::makeFromBoxedFunction<&quantized_unsupported>());
 }
 }  // namespace neuronx

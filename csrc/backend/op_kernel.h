@@ -34,6 +34,8 @@ struct OpAnalysis {
   bool any_new = false;                    // some return is a fresh tensor
   bool allow_cpu_operands = false;         // CUDA also accepts host tensors here (indices)
   bool float_values_shape = false;         // float scalars decide output shapes (arange, linspace, ...)
+  enum class Indexing : uint8_t { kNone, kGet, kPut };
+  Indexing indexing = Indexing::kNone;     // advanced indexing (self, indices, ...): host checks first
   std::optional<c10::OperatorHandle> out_op;  // out= form for purely functional ops
   mutable std::atomic<bool> sync_only{false};  // no (reliable) meta kernel: always the synchronous path
   mutable std::atomic<bool> out_form_resizes{false};  // out= kernel reallocates: use the functional form

@@ -37,12 +37,12 @@ at::Tensor AliasSet::cpu(const at::Tensor& t, bool resizable) {
     if (alias->sizes() == t.sizes() && alias->strides() == t.strides() &&
         alias->storage_offset() == t.storage_offset())
       return *alias;
-  return cpu_impls_.put(t.unsafeGetTensorImpl(), cpu_storage_alias(t, resizable));
+  return cpu_impls_.put(t.unsafeGetTensorImpl(), make_alias(cpu_storage(t, resizable), t, c10::DispatchKey::CPU));
 }
 
-at::Tensor AliasSet::cpu_storage_alias(const at::Tensor& t, bool resizable) {
+c10::Storage AliasSet::cpu_storage(const at::Tensor& t, bool resizable) {
   c10::StorageImpl* st = t.storage().unsafeGetStorageImpl();
-  if (const c10::Storage* storage = cpu_.find(st)) return make_alias(*storage, t, c10::DispatchKey::CPU);
+  if (const c10::Storage* storage = cpu_.find(st)) return *storage;
   void* base = st->data_ptr().get();
   c10::DataPtr data;
   if (base) {
@@ -53,8 +53,7 @@ at::Tensor AliasSet::cpu_storage_alias(const at::Tensor& t, bool resizable) {
   }
   c10::Storage storage(c10::Storage::use_byte_size_t(), st->nbytes(), std::move(data),
                        resizable ? c10::GetCPUAllocator() : nullptr, resizable);
-  cpu_.put(st, storage);
-  return make_alias(std::move(storage), t, c10::DispatchKey::CPU);
+  return cpu_.put(st, std::move(storage));
 }
 
 at::Tensor AliasSet::meta(const at::Tensor& t) {

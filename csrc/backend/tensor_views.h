@@ -32,9 +32,10 @@ class AliasSet {
  public:
   at::Tensor cpu(const at::Tensor& t, bool resizable = false);
   at::Tensor meta(const at::Tensor& t);
+  // A CPU storage over the bytes of t's (neuron) storage, one per storage.
+  c10::Storage cpu_storage(const at::Tensor& t, bool resizable = false);
 
  private:
-  at::Tensor cpu_storage_alias(const at::Tensor& t, bool resizable);
   SmallIndex<const c10::StorageImpl*, c10::Storage> cpu_, meta_;
   // One alias per device tensor: an op given the same tensor twice (an
   // in-place op's self and out=) sees the same tensor twice, as on CPU
