@@ -199,6 +199,21 @@ def dispatch_setup(ops):
     return setup
 
 
+def optimizer_setup(n, impl):
+    """One AdamW step over n parameters of a model's mixed shapes (one op over thousands of tensors)."""
+    def setup(device, compiled):
+        g = torch.Generator().manual_seed(0)
+        shapes = [(64, 64), (64,), (256,), (16, 64)]
+        params = []
+        for i in range(n):
+            p = torch.nn.Parameter(torch.randn(shapes[i % len(shapes)], generator=g).to(device))
+            p.grad = torch.randn(p.shape, generator=g).to(device)
+            params.append(p)
+        opt = torch.optim.AdamW(params, lr=1e-3, **{impl: True})
+        return (lambda: opt.step()), (lambda: (opt.step(), params[-1].detach().cpu())[1])
+    return setup
+
+
 def workloads(quick):
     if quick:
         return {
@@ -206,7 +221,9 @@ def workloads(quick):
                              note="200 tiny adds"),
             "pointwise_chain": dict(setup=pointwise_setup(1 << 16), bytes=4 * (1 << 16) * 4,
                                     note="GELU/bias/dropout/residual, 64K elements"),
-            "mlp_train_step": dict(setup=make_training_step(lambda: mlp(64, 128), lambda: (
+            "adamw_fused_1000_params": dict(setup=optimizer_setup(1000, "fused"), modes=("cpu_eager", "neuron_eager"),
+                                        note="fused AdamW step over 1,000 parameters"),
+        "mlp_train_step": dict(setup=make_training_step(lambda: mlp(64, 128), lambda: (
                 torch.randn(32, 64, generator=torch.Generator().manual_seed(1)),
                 torch.randint(0, 10, (32,), generator=torch.Generator().manual_seed(2))), F.cross_entropy),
                 modes=("cpu_eager", "neuron_eager"), train=True, note="MLP 64-128-128-10"),
@@ -216,6 +233,14 @@ def workloads(quick):
         # Inductor would unroll the Python loop into one graph: not a dispatch measurement.
         "dispatch": dict(setup=dispatch_setup(2000), ops=2000, inner=100, modes=("cpu_eager", "neuron_eager"),
                          note="2000 tiny (16-element) adds + sync, 100 times per measurement"),
+        # An optimizer step is one call over thousands of tensors: per-tensor costs on the
+        # per-op path (keys, alias lookups) show up here as they do not in per-op dispatch.
+        "adamw_fused_1000_params": dict(setup=optimizer_setup(1000, "fused"), inner=10,
+                                        modes=("cpu_eager", "neuron_eager"),
+                                        note="fused AdamW step over 1,000 parameters (~1.4M elements), 10 per measurement"),
+        "adamw_foreach_1000_params": dict(setup=optimizer_setup(1000, "foreach"), inner=10,
+                                          modes=("cpu_eager", "neuron_eager"),
+                                          note="foreach AdamW step over 1,000 parameters, 10 per measurement"),
         "pointwise_chain": dict(setup=pointwise_setup(1 << 22), bytes=4 * (1 << 22) * 4, inner=12,
                                 note="GELU/bias/dropout/residual on 4M elements, 12 times per measurement"),
         "mlp_train_step": dict(

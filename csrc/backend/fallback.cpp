@@ -282,6 +282,18 @@ bool same_layout(c10::IntArrayRef sizes_a, c10::IntArrayRef strides_a, c10::IntA
   return true;
 }
 
+// A channels_last (2-D or 3-D) operand that is not also contiguous.
+bool has_channels_last_operand(c10::ArrayRef<c10::IValue> args) {
+  bool found = false;
+  for (const auto& v : args)
+    for_each_tensor(v, [&](const at::Tensor& t) {
+      if (found || !t.defined() || t.layout() != c10::kStrided || (t.dim() != 4 && t.dim() != 5)) return;
+      const auto mf = t.dim() == 4 ? c10::MemoryFormat::ChannelsLast : c10::MemoryFormat::ChannelsLast3d;
+      found = t.is_contiguous(mf) && !t.is_contiguous();
+    });
+  return found;
+}
+
 // Times an op the host runs inline on a queue's behalf, for the profiler and
 // the device counters (a failure is reported as such, then propagates).
 class InlineRun {
@@ -508,6 +520,8 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::Stack* stack) {
     if (cacheable) a.meta_cache.insert(key, mr);
   }
 
+  if (mr->cpu_layout.load(std::memory_order_relaxed)) return sync_path(a, stack, d);
+
   // Written arguments whose shape the op changes. In-place ops must not
   // (CPU raises, e.g. a broadcast that would grow self: its kernel words the
   // error); out= arguments are resized, trusting the meta kernel's layout once
@@ -587,7 +601,7 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::Stack* stack) {
     auto mode = a.any_new ? (use_out ? OpKernel::Mode::kOut : OpKernel::Mode::kFunctionalCopy)
                           : OpKernel::Mode::kDirect;
     auto k = std::make_unique<OpKernel>(&a, mode);
-    if (mode == OpKernel::Mode::kOut) k->set_geometry(mr);
+    k->set_geometry(mr);
     k->args().reserve(a.num_args);
     AliasSet alias_set;
     for (size_t i = 0; i < a.num_args; ++i)
@@ -603,7 +617,10 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::Stack* stack) {
     bool validated = mr->dtypes_validated.load(std::memory_order_relaxed);
     if (!validated) {
       MetaCache::make_dtype_key(args, dtype_key);
-      validated = a.validated(dtype_key);
+      // Channels_last operands are where meta kernels and CPU kernels choose
+      // output layouts differently: the first call of each such signature
+      // runs inline, so it returns the CPU kernel's layout.
+      validated = a.validated(dtype_key) && !has_channels_last_operand(args);
     }
     if (validated) {
       mr->dtypes_validated.store(true, std::memory_order_relaxed);
@@ -625,12 +642,19 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::Stack* stack) {
         mr->dtypes_validated.store(true, std::memory_order_relaxed);
       } catch (const MetaMismatch&) {
         // The op has run (inline, on the host); only our preallocated outputs
-        // had the wrong shape. Adopt what the CPU kernel returned instead.
+        // had the wrong shape or layout. Adopt what the CPU kernel returned.
         a.mark_validated(dtype_key);
-        c10::Stack& rets = k->args();
-        for (size_t r = 0; r < a.num_returns && r < rets.size(); ++r)
-          if (a.ret_arg[r] < 0)
-            results[r] = map_tensors(rets[r], [&](const at::Tensor& t) { return adopt_host_result(a, t, d); });
+        if (k->mode() == OpKernel::Mode::kOut) {
+          // It wrote our buffers in the layout it restrided their aliases to.
+          for (size_t r = 0; r < a.num_returns && r < k->outs().size(); ++r)
+            if (a.ret_arg[r] < 0 && results[r].isTensor() && k->outs()[r].isTensor())
+              adopt_geometry(results[r].toTensor(), Geometry::of(k->outs()[r].toTensor()));
+        } else {
+          c10::Stack& rets = k->args();
+          for (size_t r = 0; r < a.num_returns && r < rets.size(); ++r)
+            if (a.ret_arg[r] < 0)
+              results[r] = map_tensors(rets[r], [&](const at::Tensor& t) { return adopt_host_result(a, t, d); });
+        }
       } catch (const c10::NotImplementedError&) {
         throw;  // unsupported dtype: raise at the op (the case below would queue it)
       } catch (const c10::Error& e) {
@@ -679,6 +703,7 @@ void OpKernel::execute() {
         s.push_back(arg.is_out() ? outs_[out++] : args_[in++]);
       try {
         op_->out_op->redispatchBoxed(kCPUKeys, &s);
+        restore_restrided_outputs();
         return;
       } catch (const c10::Error& e) {
         // Some out= kernels resize their output through an intermediate
@@ -699,10 +724,15 @@ void OpKernel::execute() {
       op_->op.redispatchBoxed(kCPUKeys, &args_);
       auto copy_out = [&](const at::Tensor& dst, const at::Tensor& src) {
         if (!dst.defined()) return;
+        const bool other_layout = src.defined() && src.layout() == c10::kStrided &&
+                                  !same_layout(dst.sizes(), dst.strides(), src.sizes(), src.strides());
         if (!src.defined() || dst.sizes() != src.sizes() || dst.scalar_type() != src.scalar_type() ||
-            (validating_ && src.layout() == c10::kStrided &&
-             !same_layout(dst.sizes(), dst.strides(), src.sizes(), src.strides()))) {
-          op_->sync_only.store(true);
+            (validating_ && other_layout)) {
+          // Only the layout differs: this signature runs synchronously from now on; else the whole op.
+          if (src.defined() && dst.sizes() == src.sizes() && dst.scalar_type() == src.scalar_type() && geometry_)
+            geometry_->cpu_layout.store(true);
+          else
+            op_->sync_only.store(true);
           throw MetaMismatch(op_->name + ": the meta kernel predicted an output of shape " +
                              c10::str(dst.sizes()) + " strides " + c10::str(dst.strides()) +
                              " but the kernel produced " +
@@ -710,6 +740,10 @@ void OpKernel::execute() {
                                             : std::string("none")) +
                              "; this op now runs synchronously");
         }
+        // A queued call whose layout the meta kernel got wrong (channels_last
+        // in, contiguous predicted): the values are right; later calls run
+        // synchronously and take the CPU kernel's layout.
+        if (other_layout && geometry_) geometry_->cpu_layout.store(true);
         dst.copy_(src);
       };
       for (size_t r = 0; r < outs_.size() && r < args_.size(); ++r) {
@@ -724,6 +758,27 @@ void OpKernel::execute() {
       }
       return;
     }
+  }
+}
+
+// A structured out= kernel may restride a correctly sized out= argument to
+// the layout it prefers (replication_pad2d keeps channels_last): it then
+// wrote that layout into our buffer, which the device tensor reads with the
+// meta kernel's strides. Put the values in the device tensor's layout, and
+// from now on run this signature synchronously so its outputs take CPU's layout.
+void OpKernel::restore_restrided_outputs() {
+  if (!geometry_) return;
+  for (size_t r = 0; r < outs_.size() && r < geometry_->returns.size(); ++r) {
+    if (!outs_[r].isTensor() || !geometry_->returns[r] || geometry_->returns[r]->empty()) continue;
+    at::Tensor out = outs_[r].toTensor();
+    const Geometry& g = (*geometry_->returns[r])[0];
+    if (same_layout(out.sizes(), out.strides(), g.sizes, g.strides) && out.storage_offset() == g.offset) continue;
+    geometry_->cpu_layout.store(true);
+    if (validating_)  // inline: the caller adopts the layout the kernel chose
+      throw MetaMismatch(op_->name + ": the out= kernel chose strides " + c10::str(out.strides()));
+    at::Tensor written = out.clone();
+    out.unsafeGetTensorImpl()->set_sizes_and_strides(g.sizes, g.strides, g.offset);
+    out.copy_(written);
   }
 }
 

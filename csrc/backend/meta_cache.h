@@ -27,6 +27,10 @@ struct MetaResult {
   // synchronously, compare the CPU kernel's layout with the meta kernel's),
   // 1 they agree (resize on the host, queue the kernel), 2 always synchronous.
   mutable std::atomic<int> out_resize{0};
+  // The CPU kernel chose another layout than the meta kernel for this
+  // signature (channels_last kept where contiguous was predicted): later
+  // calls run synchronously and adopt the CPU kernel's outputs.
+  mutable std::atomic<bool> cpu_layout{false};
 };
 
 class MetaCache {

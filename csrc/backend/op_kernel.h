@@ -86,6 +86,7 @@ class OpKernel final : public rt::Kernel {
   void set_validating(bool v) { validating_ = v; }
 
  private:
+  void restore_restrided_outputs();
   const OpAnalysis* op_;
   Mode mode_;
   c10::Stack args_;
