@@ -370,3 +370,22 @@ def test_invalid_device_index_for_copy_and_stream():
 def test_negative_device_string_rejected():
     with pytest.raises(RuntimeError):
         torch.empty(1, device="neuron:-2")
+
+
+def test_host_checkable_kernel_errors_raise_at_the_op_with_cpus_wording():
+    # A weight of another dtype: the CPU kernel's check, not a deferred failure at a later op.
+    def call(device):
+        x = torch.randn(3, 4, device=device).log_softmax(1)
+        w = torch.ones(4, dtype=torch.float64, device=device)
+        return torch.nn.functional.nll_loss(x, torch.tensor([0, 1, 2], device=device), weight=w)
+
+    with pytest.raises(RuntimeError) as cpu:
+        call("cpu")
+    for _ in range(2):  # each call, not only the first with these dtypes
+        with pytest.raises(RuntimeError) as dev:
+            call("neuron")
+        assert str(dev.value).split("\n")[0] == str(cpu.value).split("\n")[0]
+    assert _drain() == []
+    with pytest.raises(RuntimeError, match="narrow\\(\\) cannot be applied to a 0-dim tensor"):
+        torch.tensor(1.0, device="neuron").narrow_copy(0, 0, 1)
+    assert _drain() == []

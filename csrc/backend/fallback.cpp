@@ -629,8 +629,6 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::Stack* stack) {
     } else {
       // First call with these dtypes: run inline after the queue drains, so
       // an unsupported dtype raises here, at the op, as on CPU and CUDA.
-      // Other kernel errors keep the asynchronous contract: they are queued
-      // as the failure of this op and surface at the next synchronization.
       a.counters->sync.fetch_add(1, std::memory_order_relaxed);
       translate([&] { q.synchronize(); });
       try {
@@ -658,6 +656,27 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::Stack* stack) {
       } catch (const c10::NotImplementedError&) {
         throw;  // unsupported dtype: raise at the op (the case below would queue it)
       } catch (const c10::Error& e) {
+        // Errors CPU and CUDA raise on the host (dtypes, shapes the meta
+        // kernel did not check) raise here, and these dtypes stay unvalidated.
+        // Index errors depend on device data: they keep the asynchronous
+        // contract, queued as this op's failure.
+        if (kernel_error_kind(e) != KernelErrorKind::kIndex) {
+          if (k->mode() != OpKernel::Mode::kOut) throw;
+          // The out= form checks other things than the op (e.g. the out
+          // dtype): the op itself gives CPU's error, or its result.
+          c10::Stack functional(k->args().begin(), k->args().end());
+          {
+            at::AutoDispatchBelowADInplaceOrView below;
+            a.op.redispatchBoxed(kCPUKeys, &functional);
+          }
+          a.out_form_resizes.store(true);
+          for (size_t r = 0; r < a.num_returns && r < functional.size(); ++r)
+            if (a.ret_arg[r] < 0)
+              results[r] = map_tensors(functional[r], [&](const at::Tensor& t) { return adopt_host_result(a, t, d); });
+          torch::jit::drop(*stack, a.num_args);
+          for (auto& r : results) stack->push_back(std::move(r));
+          return;
+        }
         a.mark_validated(dtype_key);
         std::string msg = e.what_without_backtrace();
         const int kind = static_cast<int>(kernel_error_kind(e));
