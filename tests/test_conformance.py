@@ -106,3 +106,28 @@ def test_unknown_selection_is_an_error(tmp_path):
 def test_bad_arguments(tmp_path, bad):
     p, _, _ = run(tmp_path, *bad)
     assert p.returncode == 2 and "invalid" in p.stderr
+
+
+def test_upstream_comparison_counts_cpu_passes_and_sets_cpu_only_tests_apart(tmp_path):
+    from torch_neuronx.conformance import upstream
+
+    cpu = {"rc": 1, "outcomes": {"A::t1": ("pass", ""), "A::t2": ("pass", ""), "A::t3": ("fail", "x"),
+                                 "A::t4": ("pass", ""), "A::t5": ("pass", ""), "A::t6": ("pass", "")}}
+    neuron = {"rc": 1, "outcomes": {"A::t1": ("pass", ""), "A::t2": ("fail", "boom"), "A::t3": ("pass", ""),
+                                    "A::t4": ("skip", "Only runs on cpu"), "A::t6": ("skip", "other reason")}}
+    c = upstream.compare(cpu, neuron)
+    # t4 skipped as CPU-only and t5 never instantiated for neuron: apart; t2 failed, t6 skipped.
+    assert (c["cpu_pass"], c["neuron_pass"], c["cpu_only"]) == (3, 1, 2)
+    assert set(c["missing"]) == {"A::t2", "A::t6"}
+    timed_out = upstream.compare(cpu, dict(neuron, rc="timeout"))
+    assert timed_out["missing"]["A::t5"][0] == "not run" and timed_out["cpu_only"] == 1
+    # The section survives a regenerated conformance report.
+    md = upstream.markdown({"torch": "2.13.0", "date": "d", "files": {
+        "test_x.py": {"compare": c, "neuron": {"seconds": 1.0, "rc": 1}, "cpu": {"seconds": 1.0, "rc": 0}}}}, "cmd")
+    doc = tmp_path / "op_support.md"
+    upstream.write_docs(str(doc), md)
+    kept = upstream.keep_section(doc.read_text(), "# new report\n")
+    assert kept.startswith("# new report") and "`test_x.py` | 3 | 1 | 33.3% | 2 |" in kept
+    assert upstream._normalize("test_x.TestFooPRIVATEUSE1", "test_bar_neuron_float32", "neuron") == \
+        "TestFoo::test_bar_float32"
+    assert upstream._normalize("test_x.TestFooCPU", "test_bar_cpu_float32", "cpu") == "TestFoo::test_bar_float32"

@@ -64,7 +64,7 @@ def test_gpt2_small_trainer_defaults_equal_cpu(gpt2_small, cpu_run, tmp_path):
     _, cpu_losses, cpu_params = cpu_run
     t, losses, params = _train(gpt2_small, tmp_path, cpu=False)
     assert t.args.device.type == "neuron" and "fused" in str(t.args.optim).lower()
-    assert len(params) == 148 - 1  # GPT-2's 148 tensors, the LM head tied to the embedding
+    assert len(params) == 148  # GPT-2 small's parameter tensors (the LM head is tied to the embedding)
     assert len(losses) == 3
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(cpu_losses), rtol=1e-4, atol=1e-4)
     for k, v in params.items():

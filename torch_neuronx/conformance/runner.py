@@ -56,9 +56,19 @@ def write_outputs(out_dir, meta, records, markdown, docs=None):
     """Write results.json and report.md under ``out_dir`` (and the report to ``docs``)."""
     with open(os.path.join(out_dir, "results.json"), "w") as f:
         json.dump({"meta": meta, "results": records}, f)
-    for path in [os.path.join(out_dir, "report.md")] + ([docs] if docs else []):
-        with open(path, "w") as f:
-            f.write(markdown)
+    with open(os.path.join(out_dir, "report.md"), "w") as f:
+        f.write(markdown)
+    if docs:
+        # The upstream test files' table (conformance.upstream) lives in the same document.
+        from .upstream import keep_section
+
+        text = keep_section(docs_text=_read(docs), markdown=markdown)
+        with open(docs, "w") as f:
+            f.write(text)
+
+
+def _read(path):
+    return open(path).read() if os.path.exists(path) else ""
 
 
 def run_units(units, jobs, timeout, on_result, log_path=os.devnull, progress=None,

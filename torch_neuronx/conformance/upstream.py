@@ -124,6 +124,14 @@ def markdown(results, command):
     return "\n".join(lines) + "\n"
 
 
+def keep_section(docs_text, markdown):
+    """markdown, followed by the upstream section found in docs_text (if any)."""
+    if BEGIN in docs_text and END in docs_text:
+        section = docs_text[docs_text.index(BEGIN):docs_text.index(END) + len(END)]
+        return markdown.rstrip("\n") + "\n\n" + section + "\n"
+    return markdown
+
+
 def write_docs(path, section):
     """Puts the section into path between its markers (the conformance report keeps it)."""
     text = open(path).read() if os.path.exists(path) else ""
