@@ -8,9 +8,7 @@
 // synchronous path: drain the stream, run, and adopt the results.
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/native/Resize.h>
-#include <ATen/ExpandUtils.h>
 #include <ATen/ops/empty_strided.h>
-#include <ATen/ops/index.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
 
@@ -20,6 +18,7 @@
 #include <unordered_map>
 
 #include "backend/generator.h"
+#include "backend/launch_checks.h"
 #include "backend/ivalue_map.h"
 #include "backend/meta_cache.h"
 #include "backend/metrics.h"
@@ -273,26 +272,7 @@ at::Tensor adopt_host_result(const OpAnalysis& a, const at::Tensor& r, c10::Devi
   return out;
 }
 
-bool same_layout(c10::IntArrayRef sizes_a, c10::IntArrayRef strides_a, c10::IntArrayRef sizes_b,
-                 c10::IntArrayRef strides_b) {
-  if (sizes_a != sizes_b) return false;
-  // Strides of size-1 dimensions carry no meaning.
-  for (size_t i = 0; i < sizes_a.size(); ++i)
-    if (sizes_a[i] != 1 && strides_a[i] != strides_b[i]) return false;
-  return true;
-}
 
-// A channels_last (2-D or 3-D) operand that is not also contiguous.
-bool has_channels_last_operand(c10::ArrayRef<c10::IValue> args) {
-  bool found = false;
-  for (const auto& v : args)
-    for_each_tensor(v, [&](const at::Tensor& t) {
-      if (found || !t.defined() || t.layout() != c10::kStrided || (t.dim() != 4 && t.dim() != 5)) return;
-      const auto mf = t.dim() == 4 ? c10::MemoryFormat::ChannelsLast : c10::MemoryFormat::ChannelsLast3d;
-      found = t.is_contiguous(mf) && !t.is_contiguous();
-    });
-  return found;
-}
 
 // Times an op the host runs inline on a queue's behalf, for the profiler and
 // the device counters (a failure is reported as such, then propagates).
@@ -389,42 +369,6 @@ bool meta_unavailable(const std::exception& e) {
          msg.find("data-dependent") != std::string::npos || msg.find("data dependent") != std::string::npos;
 }
 
-// What CUDA checks on the host before an advanced-indexing kernel, from
-// shapes alone: indices broadcast together, a non-empty index into an empty
-// dimension, values that broadcast to the indexed result (index_put). Boolean
-// masks decide the result's shape from their data (CUDA runs nonzero first):
-// synchronous too. false: take the synchronous path, where the CPU kernel
-// raises at the op with CPU's exception and wording.
-bool indexing_checks_pass(const OpAnalysis& a, c10::ArrayRef<c10::IValue> args) {
-  if (args.size() < 2 || !args[0].isTensor() || !args[1].isList()) return true;
-  const at::Tensor& self = args[0].toTensor();
-  AliasSet aliases;
-  c10::List<std::optional<at::Tensor>> indices;
-  int64_t dim = 0;
-  for (const c10::IValue& v : args[1].toListRef()) {
-    if (!v.isTensor() || !v.toTensor().defined()) {
-      indices.push_back(std::nullopt);
-      ++dim;
-      continue;
-    }
-    const at::Tensor& i = v.toTensor();
-    if (i.scalar_type() == c10::kBool || i.scalar_type() == c10::kByte) return false;
-    if (dim < self.dim() && self.size(dim) == 0 && i.numel() > 0) return false;
-    ++dim;
-    indices.push_back(i.device().type() == kNeuron ? aliases.meta(i) : i.to(c10::kMeta));
-  }
-  try {
-    const at::Tensor result = at::index(aliases.meta(self), indices);
-    if (a.indexing == OpAnalysis::Indexing::kPut && args.size() > 2 && args[2].isTensor()) {
-      const at::Tensor& values = args[2].toTensor();
-      if (at::infer_size(values.sizes(), result.sizes()) != result.sizes()) return false;
-    }
-  } catch (const std::exception&) {
-    clear_python_error();
-    return false;
-  }
-  return true;
-}
 
 struct DiscardWarnings : c10::WarningHandler {
   void process(const c10::Warning&) override {}
@@ -698,107 +642,6 @@ bool OpAnalysis::validated(const std::string& dtype_key) {
 void OpAnalysis::mark_validated(const std::string& dtype_key) {
   std::lock_guard<std::mutex> g(validated_mu_);
   validated_.insert(dtype_key);
-}
-
-void OpKernel::run() {
-  try {
-    execute();
-  } catch (const c10::Error& e) {
-    throw rt::KernelError(e.what_without_backtrace(), static_cast<int>(kernel_error_kind(e)));
-  }
-}
-
-void OpKernel::execute() {
-  at::AutoDispatchBelowADInplaceOrView below;
-  switch (mode_) {
-    case Mode::kDirect:
-      op_->op.redispatchBoxed(kCPUKeys, &args_);
-      return;
-    case Mode::kOut: {
-      c10::Stack s;
-      s.reserve(args_.size() + outs_.size());
-      size_t in = 0, out = 0;
-      for (const auto& arg : op_->out_op->schema().arguments())
-        s.push_back(arg.is_out() ? outs_[out++] : args_[in++]);
-      try {
-        op_->out_op->redispatchBoxed(kCPUKeys, &s);
-        restore_restrided_outputs();
-        return;
-      } catch (const c10::Error& e) {
-        // Some out= kernels resize their output through an intermediate
-        // shape; device buffers cannot grow inside a kernel. Use the
-        // functional form (now and from now on) and copy the result, after
-        // restoring the outputs' geometry (a failed resize may have changed it).
-        if (std::string_view(e.what()).find("not resizable") == std::string_view::npos || !geometry_) throw;
-        op_->out_form_resizes.store(true);
-        for (size_t r = 0; r < outs_.size() && r < geometry_->returns.size(); ++r) {
-          if (!outs_[r].isTensor() || !geometry_->returns[r] || geometry_->returns[r]->empty()) continue;
-          const Geometry& g = (*geometry_->returns[r])[0];
-          outs_[r].toTensor().unsafeGetTensorImpl()->set_sizes_and_strides(g.sizes, g.strides, g.offset);
-        }
-      }
-      [[fallthrough]];
-    }
-    case Mode::kFunctionalCopy: {
-      op_->op.redispatchBoxed(kCPUKeys, &args_);
-      auto copy_out = [&](const at::Tensor& dst, const at::Tensor& src) {
-        if (!dst.defined()) return;
-        const bool other_layout = src.defined() && src.layout() == c10::kStrided &&
-                                  !same_layout(dst.sizes(), dst.strides(), src.sizes(), src.strides());
-        if (!src.defined() || dst.sizes() != src.sizes() || dst.scalar_type() != src.scalar_type() ||
-            (validating_ && other_layout)) {
-          // Only the layout differs: this signature runs synchronously from now on; else the whole op.
-          if (src.defined() && dst.sizes() == src.sizes() && dst.scalar_type() == src.scalar_type() && geometry_)
-            geometry_->cpu_layout.store(true);
-          else
-            op_->sync_only.store(true);
-          throw MetaMismatch(op_->name + ": the meta kernel predicted an output of shape " +
-                             c10::str(dst.sizes()) + " strides " + c10::str(dst.strides()) +
-                             " but the kernel produced " +
-                             (src.defined() ? c10::str(src.sizes()) + " strides " + c10::str(src.strides())
-                                            : std::string("none")) +
-                             "; this op now runs synchronously");
-        }
-        // A queued call whose layout the meta kernel got wrong (channels_last
-        // in, contiguous predicted): the values are right; later calls run
-        // synchronously and take the CPU kernel's layout.
-        if (other_layout && geometry_) geometry_->cpu_layout.store(true);
-        dst.copy_(src);
-      };
-      for (size_t r = 0; r < outs_.size() && r < args_.size(); ++r) {
-        if (outs_[r].isTensor()) {
-          copy_out(outs_[r].toTensor(), args_[r].toTensor());
-        } else if (outs_[r].isList()) {
-          auto dst = outs_[r].toListRef();
-          auto src = args_[r].toListRef();
-          for (size_t i = 0; i < dst.size(); ++i)
-            if (dst[i].isTensor()) copy_out(dst[i].toTensor(), src[i].toTensor());
-        }
-      }
-      return;
-    }
-  }
-}
-
-// A structured out= kernel may restride a correctly sized out= argument to
-// the layout it prefers (replication_pad2d keeps channels_last): it then
-// wrote that layout into our buffer, which the device tensor reads with the
-// meta kernel's strides. Put the values in the device tensor's layout, and
-// from now on run this signature synchronously so its outputs take CPU's layout.
-void OpKernel::restore_restrided_outputs() {
-  if (!geometry_) return;
-  for (size_t r = 0; r < outs_.size() && r < geometry_->returns.size(); ++r) {
-    if (!outs_[r].isTensor() || !geometry_->returns[r] || geometry_->returns[r]->empty()) continue;
-    at::Tensor out = outs_[r].toTensor();
-    const Geometry& g = (*geometry_->returns[r])[0];
-    if (same_layout(out.sizes(), out.strides(), g.sizes, g.strides) && out.storage_offset() == g.offset) continue;
-    geometry_->cpu_layout.store(true);
-    if (validating_)  // inline: the caller adopts the layout the kernel chose
-      throw MetaMismatch(op_->name + ": the out= kernel chose strides " + c10::str(out.strides()));
-    at::Tensor written = out.clone();
-    out.unsafeGetTensorImpl()->set_sizes_and_strides(g.sizes, g.strides, g.offset);
-    out.copy_(written);
-  }
 }
 
 // convolution() sends backends other than CPU/CUDA to the *_overrideable

@@ -16,6 +16,7 @@
 
 #include <cstring>
 
+#include "backend/host_kernels.h"
 #include "backend/ivalue_map.h"
 #include "backend/metrics.h"
 #include "backend/op_kernel.h"
@@ -150,20 +151,9 @@ TORCH_LIBRARY_IMPL(_, QuantizedPrivateUse1, m) {
 }
 
 void register_quantized_kernels() {
-  // CompositeExplicitAutograd kernels serve QuantizedPrivateUse1 too, written
-  // for dense tensors: where CPU has a quantized kernel, take it, on the host.
-  static auto* lib = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::QuantizedPrivateUse1,
-                                        __FILE__, __LINE__);
-  auto& dispatcher = c10::Dispatcher::singleton();
-  for (const auto& name : dispatcher.getAllOpNames()) {
-    if (name.name.rfind("aten::", 0) != 0) continue;
-    auto h = dispatcher.findSchema(name);
-    if (!h || h->hasKernelForDispatchKey(c10::DispatchKey::QuantizedPrivateUse1) ||
-        !h->hasKernelForDispatchKey(c10::DispatchKey::QuantizedCPU))
-      continue;
-    const std::string full = name.name.substr(6) + (name.overload_name.empty() ? "" : "." + name.overload_name);
-    lib->impl(full.c_str(), torch::CppFunction::makeFromBoxedFunction<&quantized_fallback>());
-  }
+  // Where CPU has a quantized kernel, take it, on the host.
+  register_where_host_has_kernel<&quantized_fallback>(c10::DispatchKey::QuantizedCPU,
+                                                      c10::DispatchKey::QuantizedPrivateUse1);
 }
 
 }  // namespace neuronx

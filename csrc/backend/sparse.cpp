@@ -8,6 +8,7 @@
 // dense ops are the device's work.
 #include "backend/sparse.h"
 
+#include "backend/host_kernels.h"
 #include "backend/ivalue_map.h"
 #include "backend/op_kernel.h"
 
@@ -187,26 +188,10 @@ TORCH_LIBRARY_IMPL(_, SparseCsrPrivateUse1, m) {
 }
 
 void register_sparse_kernels() {
-  // CompositeExplicitAutograd kernels also serve SparsePrivateUse1 by default,
-  // and they are written for dense tensors (sum() of a sparse tensor would
-  // return garbage): where CPU has a sparse kernel, take it, through the host.
-  static auto* coo = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::SparsePrivateUse1,
-                                        __FILE__, __LINE__);
-  static auto* csr = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::SparseCsrPrivateUse1,
-                                        __FILE__, __LINE__);
-  auto& dispatcher = c10::Dispatcher::singleton();
-  for (const auto& name : dispatcher.getAllOpNames()) {
-    if (name.name.rfind("aten::", 0) != 0) continue;
-    auto h = dispatcher.findSchema(name);
-    if (!h) continue;
-    const std::string full = name.name.substr(6) + (name.overload_name.empty() ? "" : "." + name.overload_name);
-    for (auto [host_key, lib, key] : {std::tuple{c10::DispatchKey::SparseCPU, coo, c10::DispatchKey::SparsePrivateUse1},
-                                      std::tuple{c10::DispatchKey::SparseCsrCPU, csr,
-                                                 c10::DispatchKey::SparseCsrPrivateUse1}}) {
-      if (h->hasKernelForDispatchKey(key) || !h->hasKernelForDispatchKey(host_key)) continue;
-      lib->impl(full.c_str(), torch::CppFunction::makeFromBoxedFunction<&sparse_fallback>());
-    }
-  }
+  // Where CPU has a sparse kernel, take it, through the host.
+  using K = c10::DispatchKey;
+  register_where_host_has_kernel<&sparse_fallback>(K::SparseCPU, K::SparsePrivateUse1);
+  register_where_host_has_kernel<&sparse_fallback>(K::SparseCsrCPU, K::SparseCsrPrivateUse1);
 }
 
 TORCH_LIBRARY_IMPL(_, SparsePrivateUse1, m) {

@@ -9,6 +9,7 @@ read where they are (never copied into the project)::
     python -m torch_neuronx.conformance.upstream --dir ../shared/upstream-tests --docs docs/op_support.md
 """
 import argparse
+import concurrent.futures
 import json
 import os
 import re
@@ -27,6 +28,18 @@ FILES = {
     "test_sort_and_select.py": [],
     "test_indexing.py": [],
     "test_unary_ufuncs.py": [],
+}
+# Why a test that passes on CPU does not pass on neuron, where the cause is known and outside
+# what a backend should change (shown in the table; the test still counts as not passing).
+_OUT_OF_RANGE = ("an index value out of range is found by the kernel, on the device, and raises at the next "
+                 "synchronization (as CUDA's device-side assert; PyTorch skips this test on CUDA)")
+REASONS = {
+    "test_indexing.py": {
+        "NumpyTests::test_trivial_fancy_out_of_bounds": _OUT_OF_RANGE,
+        "TestIndexing::test_advancedindex_float64": _OUT_OF_RANGE,
+        "TestIndexing::test_basic_advanced_combined": (
+            "receives the deferred IndexError of the test before it (test_advancedindex); passes run alone"),
+    },
 }
 BEGIN = "<!-- upstream-tests:begin -->"
 END = "<!-- upstream-tests:end -->"
@@ -73,7 +86,23 @@ def run_file(directory, name, device, out_dir, timeout):
                                 timeout=timeout).returncode
         except subprocess.TimeoutExpired:
             rc = "timeout"
-    return {"rc": rc, "seconds": round(time.time() - start, 1), "outcomes": _outcomes(xml, device)}
+    run = {"rc": rc, "seconds": round(time.time() - start, 1)}
+    with open(os.path.join(out_dir, f"{name[:-3]}.{device}.json"), "w") as f:
+        json.dump(run, f)
+    return {**run, "outcomes": _outcomes(xml, device)}
+
+
+def load_run(out_dir, name, device):
+    """A run_file result from the files an earlier run left in out_dir (None if absent)."""
+    stem = os.path.join(out_dir, f"{name[:-3]}.{device}")
+    if not os.path.exists(stem + ".xml"):
+        return None
+    if os.path.exists(stem + ".json"):
+        run = json.load(open(stem + ".json"))
+    else:  # a run from before the .json files: finished if pytest printed its summary
+        tail = open(stem + ".log").read()[-400:] if os.path.exists(stem + ".log") else ""
+        run = {"rc": 0 if re.search(r"\d+ (passed|failed)", tail) else "timeout", "seconds": None}
+    return {**run, "outcomes": _outcomes(stem + ".xml", device)}
 
 
 # Tests PyTorch instantiates for CPU only (onlyCPU, or dtypes listed for CPU alone): CUDA does
@@ -113,13 +142,15 @@ def markdown(results, command):
     for name, r in results["files"].items():
         c = r["compare"]
         rate = 100.0 * c["neuron_pass"] / c["cpu_pass"] if c["cpu_pass"] else 100.0
+        secs = r["neuron"]["seconds"]
         lines.append(f"| `{name}` | {c['cpu_pass']} | {c['neuron_pass']} | {rate:.1f}% | {c['cpu_only']} | "
-                     f"{r['neuron']['seconds']} s, exit {r['neuron']['rc']} |")
+                     f"{'' if secs is None else f'{secs} s, '}exit {r['neuron']['rc']} |")
     lines += ["", "Tests that pass on CPU and not on `neuron`:", "",
-              "| file | test | outcome on neuron | message |", "|---|---|---|---|"]
+              "| file | test | outcome on neuron | message | known cause |", "|---|---|---|---|---|"]
     for name, r in results["files"].items():
         for t, (o, msg) in sorted(r["compare"]["missing"].items()):
-            lines.append(f"| `{name}` | `{t}` | {o} | {msg.replace('|', '/')[:200]} |")
+            why = REASONS.get(name, {}).get(t, "")
+            lines.append(f"| `{name}` | `{t}` | {o} | {msg.replace('|', '/')[:200]} | {why} |")
     lines.append(END)
     return "\n".join(lines) + "\n"
 
@@ -150,13 +181,30 @@ def main(argv=None):
     p.add_argument("--out", default="build/upstream", help="folder for logs, JUnit XML and results.json")
     p.add_argument("--timeout", type=float, default=1800, help="seconds per file and device")
     p.add_argument("--docs", help="Markdown file to write the table into (between its markers)")
+    p.add_argument("--collect", help="comma-separated folders of earlier runs: build the table from their "
+                                     "results (per file, the first folder holding both runs) instead of running")
     a = p.parse_args(argv)
     import torch
 
     os.makedirs(a.out, exist_ok=True)
     results = {"torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "files": {}}
     for name in a.files.split(","):
-        runs = {dev: run_file(a.dir, name, dev, os.path.abspath(a.out), a.timeout) for dev in ("cpu", "neuron")}
+        if a.collect:
+            runs = None
+            for folder in a.collect.split(","):
+                found = {dev: load_run(folder, name, dev) for dev in ("cpu", "neuron")}
+                if all(found.values()):
+                    runs = found
+                    break
+            if runs is None:
+                print(f"{name}: no earlier run holds both results; left out", flush=True)
+                continue
+        else:
+            # The CPU and neuron runs of a file side by side (separate processes).
+            with concurrent.futures.ThreadPoolExecutor(2) as pool:
+                futures = {dev: pool.submit(run_file, a.dir, name, dev, os.path.abspath(a.out), a.timeout)
+                           for dev in ("cpu", "neuron")}
+                runs = {dev: f.result() for dev, f in futures.items()}
         c = compare(runs["cpu"], runs["neuron"])
         results["files"][name] = {"compare": c, **{d: {k: v for k, v in r.items() if k != "outcomes"}
                                                    for d, r in runs.items()}}

@@ -1,0 +1,25 @@
+#pragma once
+// What the eager path checks on the host before it queues a kernel, from
+// operand metadata alone (no device data): what CUDA checks on the host, and
+// where the CPU kernel's output layout must be asked for rather than predicted.
+#include <ATen/core/ivalue.h>
+
+#include "backend/common.h"
+
+namespace neuronx {
+
+struct OpAnalysis;
+
+// Same sizes, and the same strides wherever a size is not 1.
+bool same_layout(c10::IntArrayRef sizes_a, c10::IntArrayRef strides_a, c10::IntArrayRef sizes_b,
+                 c10::IntArrayRef strides_b);
+
+// A channels_last (2-D or 3-D) operand that is not also contiguous.
+bool has_channels_last_operand(c10::ArrayRef<c10::IValue> args);
+
+// Advanced indexing (a.indexing != kNone): false if the CPU kernel would
+// raise for these shapes, or if a boolean mask makes the result's shape
+// depend on data; the caller then takes the synchronous path.
+bool indexing_checks_pass(const OpAnalysis& a, c10::ArrayRef<c10::IValue> args);
+
+}  // namespace neuronx

@@ -1,0 +1,118 @@
+// OpKernel: an ATen op queued on a stream, run as its CPU kernel on CPU
+// aliases of the device buffers (see fallback.cpp for how it is planned).
+#include "backend/op_kernel.h"
+
+#include <ATen/core/LegacyTypeDispatch.h>
+
+#include <string_view>
+
+#include "backend/launch_checks.h"
+
+namespace neuronx {
+
+namespace {
+const c10::DispatchKeySet kCPUKeys(c10::DispatchKey::CPU);
+}  // namespace
+
+void OpKernel::run() {
+  try {
+    execute();
+  } catch (const c10::Error& e) {
+    throw rt::KernelError(e.what_without_backtrace(), static_cast<int>(kernel_error_kind(e)));
+  }
+}
+
+void OpKernel::execute() {
+  at::AutoDispatchBelowADInplaceOrView below;
+  switch (mode_) {
+    case Mode::kDirect:
+      op_->op.redispatchBoxed(kCPUKeys, &args_);
+      return;
+    case Mode::kOut: {
+      c10::Stack s;
+      s.reserve(args_.size() + outs_.size());
+      size_t in = 0, out = 0;
+      for (const auto& arg : op_->out_op->schema().arguments())
+        s.push_back(arg.is_out() ? outs_[out++] : args_[in++]);
+      try {
+        op_->out_op->redispatchBoxed(kCPUKeys, &s);
+        restore_restrided_outputs();
+        return;
+      } catch (const c10::Error& e) {
+        // Some out= kernels resize their output through an intermediate
+        // shape; device buffers cannot grow inside a kernel. Use the
+        // functional form (now and from now on) and copy the result, after
+        // restoring the outputs' geometry (a failed resize may have changed it).
+        if (std::string_view(e.what()).find("not resizable") == std::string_view::npos || !geometry_) throw;
+        op_->out_form_resizes.store(true);
+        for (size_t r = 0; r < outs_.size() && r < geometry_->returns.size(); ++r) {
+          if (!outs_[r].isTensor() || !geometry_->returns[r] || geometry_->returns[r]->empty()) continue;
+          const Geometry& g = (*geometry_->returns[r])[0];
+          outs_[r].toTensor().unsafeGetTensorImpl()->set_sizes_and_strides(g.sizes, g.strides, g.offset);
+        }
+      }
+      [[fallthrough]];
+    }
+    case Mode::kFunctionalCopy: {
+      op_->op.redispatchBoxed(kCPUKeys, &args_);
+      auto copy_out = [&](const at::Tensor& dst, const at::Tensor& src) {
+        if (!dst.defined()) return;
+        const bool other_layout = src.defined() && src.layout() == c10::kStrided &&
+                                  !same_layout(dst.sizes(), dst.strides(), src.sizes(), src.strides());
+        if (!src.defined() || dst.sizes() != src.sizes() || dst.scalar_type() != src.scalar_type() ||
+            (validating_ && other_layout)) {
+          // Only the layout differs: this signature runs synchronously from now on; else the whole op.
+          if (src.defined() && dst.sizes() == src.sizes() && dst.scalar_type() == src.scalar_type() && geometry_)
+            geometry_->cpu_layout.store(true);
+          else
+            op_->sync_only.store(true);
+          throw MetaMismatch(op_->name + ": the meta kernel predicted an output of shape " +
+                             c10::str(dst.sizes()) + " strides " + c10::str(dst.strides()) +
+                             " but the kernel produced " +
+                             (src.defined() ? c10::str(src.sizes()) + " strides " + c10::str(src.strides())
+                                            : std::string("none")) +
+                             "; this op now runs synchronously");
+        }
+        // A queued call whose layout the meta kernel got wrong (channels_last
+        // in, contiguous predicted): the values are right; later calls run
+        // synchronously and take the CPU kernel's layout.
+        if (other_layout && geometry_) geometry_->cpu_layout.store(true);
+        dst.copy_(src);
+      };
+      for (size_t r = 0; r < outs_.size() && r < args_.size(); ++r) {
+        if (outs_[r].isTensor()) {
+          copy_out(outs_[r].toTensor(), args_[r].toTensor());
+        } else if (outs_[r].isList()) {
+          auto dst = outs_[r].toListRef();
+          auto src = args_[r].toListRef();
+          for (size_t i = 0; i < dst.size(); ++i)
+            if (dst[i].isTensor()) copy_out(dst[i].toTensor(), src[i].toTensor());
+        }
+      }
+      return;
+    }
+  }
+}
+
+// A structured out= kernel may restride a correctly sized out= argument to
+// the layout it prefers (replication_pad2d keeps channels_last): it then
+// wrote that layout into our buffer, which the device tensor reads with the
+// meta kernel's strides. Put the values in the device tensor's layout, and
+// from now on run this signature synchronously so its outputs take CPU's layout.
+void OpKernel::restore_restrided_outputs() {
+  if (!geometry_) return;
+  for (size_t r = 0; r < outs_.size() && r < geometry_->returns.size(); ++r) {
+    if (!outs_[r].isTensor() || !geometry_->returns[r] || geometry_->returns[r]->empty()) continue;
+    at::Tensor out = outs_[r].toTensor();
+    const Geometry& g = (*geometry_->returns[r])[0];
+    if (same_layout(out.sizes(), out.strides(), g.sizes, g.strides) && out.storage_offset() == g.offset) continue;
+    geometry_->cpu_layout.store(true);
+    if (validating_)  // inline: the caller adopts the layout the kernel chose
+      throw MetaMismatch(op_->name + ": the out= kernel chose strides " + c10::str(out.strides()));
+    at::Tensor written = out.clone();
+    out.unsafeGetTensorImpl()->set_sizes_and_strides(g.sizes, g.strides, g.offset);
+    out.copy_(written);
+  }
+}
+
+}  // namespace neuronx
