@@ -561,10 +561,11 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::Stack* stack) {
     bool validated = mr->dtypes_validated.load(std::memory_order_relaxed);
     if (!validated) {
       MetaCache::make_dtype_key(args, dtype_key);
-      // Channels_last operands are where meta kernels and CPU kernels choose
-      // output layouts differently: the first call of each such signature
-      // runs inline, so it returns the CPU kernel's layout.
-      validated = a.validated(dtype_key) && !has_channels_last_operand(args);
+      // Channels_last operands, and ops seen choosing another layout than
+      // their meta kernel, are where output layouts must be learned: the
+      // first call of each such signature runs inline and returns CPU's.
+      validated = a.validated(dtype_key) && !has_channels_last_operand(args) &&
+                  !a.layout_varies.load(std::memory_order_relaxed);
     }
     if (validated) {
       mr->dtypes_validated.store(true, std::memory_order_relaxed);

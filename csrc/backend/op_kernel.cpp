@@ -62,10 +62,12 @@ void OpKernel::execute() {
         if (!src.defined() || dst.sizes() != src.sizes() || dst.scalar_type() != src.scalar_type() ||
             (validating_ && other_layout)) {
           // Only the layout differs: this signature runs synchronously from now on; else the whole op.
-          if (src.defined() && dst.sizes() == src.sizes() && dst.scalar_type() == src.scalar_type() && geometry_)
+          if (src.defined() && dst.sizes() == src.sizes() && dst.scalar_type() == src.scalar_type() && geometry_) {
             geometry_->cpu_layout.store(true);
-          else
+            op_->layout_varies.store(true);
+          } else {
             op_->sync_only.store(true);
+          }
           throw MetaMismatch(op_->name + ": the meta kernel predicted an output of shape " +
                              c10::str(dst.sizes()) + " strides " + c10::str(dst.strides()) +
                              " but the kernel produced " +
@@ -76,7 +78,10 @@ void OpKernel::execute() {
         // A queued call whose layout the meta kernel got wrong (channels_last
         // in, contiguous predicted): the values are right; later calls run
         // synchronously and take the CPU kernel's layout.
-        if (other_layout && geometry_) geometry_->cpu_layout.store(true);
+        if (other_layout && geometry_) {
+          geometry_->cpu_layout.store(true);
+          op_->layout_varies.store(true);
+        }
         dst.copy_(src);
       };
       for (size_t r = 0; r < outs_.size() && r < args_.size(); ++r) {
@@ -107,6 +112,7 @@ void OpKernel::restore_restrided_outputs() {
     const Geometry& g = (*geometry_->returns[r])[0];
     if (same_layout(out.sizes(), out.strides(), g.sizes, g.strides) && out.storage_offset() == g.offset) continue;
     geometry_->cpu_layout.store(true);
+    op_->layout_varies.store(true);
     if (validating_)  // inline: the caller adopts the layout the kernel chose
       throw MetaMismatch(op_->name + ": the out= kernel chose strides " + c10::str(out.strides()));
     at::Tensor written = out.clone();

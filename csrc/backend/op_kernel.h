@@ -39,6 +39,9 @@ struct OpAnalysis {
   std::optional<c10::OperatorHandle> out_op;  // out= form for purely functional ops
   mutable std::atomic<bool> sync_only{false};  // no (reliable) meta kernel: always the synchronous path
   mutable std::atomic<bool> out_form_resizes{false};  // out= kernel reallocates: use the functional form
+  // Its CPU kernel chose another output layout than its meta kernel for some
+  // signature: the first call of every signature runs inline (to learn it).
+  mutable std::atomic<bool> layout_varies{false};
   OpCounters* counters = nullptr;
   MetaCache meta_cache;
   // Dtype signatures whose first call ran inline: the CPU kernel accepted
