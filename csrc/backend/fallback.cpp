@@ -540,8 +540,11 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::Stack* stack) {
       if (r.isTensor() && (!r.toTensor().defined() || !r.toTensor().is_contiguous() || r.toTensor().is_conj() ||
                            r.toTensor().is_neg()))
         plain_outputs = false;
-    const bool use_out =
-        a.out_op.has_value() && plain_outputs && !a.out_form_resizes.load(std::memory_order_relaxed);
+    // An op whose layouts vary runs its functional form, whose results show
+    // the layout the CPU kernel chose (an out= kernel may just write ours).
+    const bool use_out = a.out_op.has_value() && plain_outputs &&
+                         !a.out_form_resizes.load(std::memory_order_relaxed) &&
+                         !a.layout_varies.load(std::memory_order_relaxed);
     auto mode = a.any_new ? (use_out ? OpKernel::Mode::kOut : OpKernel::Mode::kFunctionalCopy)
                           : OpKernel::Mode::kDirect;
     auto k = std::make_unique<OpKernel>(&a, mode);
