@@ -389,3 +389,80 @@ def test_host_checkable_kernel_errors_raise_at_the_op_with_cpus_wording():
     with pytest.raises(RuntimeError, match="narrow\\(\\) cannot be applied to a 0-dim tensor"):
         torch.tensor(1.0, device="neuron").narrow_copy(0, 0, 1)
     assert _drain() == []
+
+
+# --------------------------------------------------------------------------- index values the host wrote
+
+
+def _data_dependent_syncs():
+    import torch_neuronx
+
+    return torch_neuronx.metrics()["syncs"]["data_dependent"]
+
+
+_HOST_WRITTEN_INDICES = {
+    "from_cpu": lambda v: torch.tensor([0, v], device="neuron"),
+    "to_device": lambda v: torch.LongTensor([v]).to("neuron"),
+    "full": lambda v: torch.full((4,), v, device="neuron"),
+    "ones_then_setitem": lambda v: _ones_with_last(v),
+}
+
+
+def _ones_with_last(v):
+    ind = torch.ones(20, dtype=torch.int64, device="neuron")
+    ind[-1] = v  # a 0-dim device tensor filled on the host, copied into a view
+    return ind
+
+
+@pytest.mark.parametrize("make", list(_HOST_WRITTEN_INDICES))
+@pytest.mark.parametrize("value", [10, -11])
+def test_index_the_host_wrote_out_of_range_raises_at_the_op(make, value):
+    # CPU raises IndexError at x[idx]; CUDA asserts on the device. Values the host wrote itself
+    # (copies from CPU, fills) are known without reading device memory: checked at the op.
+    x, ref = torch.arange(10.0, device="neuron"), torch.arange(10.0)
+    for op in (lambda t, i: t[i], lambda t, i: t.__setitem__(i, 0.0),
+               lambda t, i: t.index_put_((i,), torch.tensor(1.0))):
+        idx = _HOST_WRITTEN_INDICES[make](value)
+        with pytest.raises(IndexError) as cpu:
+            op(ref, idx.cpu())
+        with pytest.raises(IndexError) as dev:
+            op(x, idx)
+        assert str(dev.value) == str(cpu.value)
+    assert _drain() == []  # nothing deferred to a later op
+    assert torch.equal(x.cpu(), ref)  # written as far as CPU's kernel writes
+    _assert_device_healthy()
+
+
+def test_index_the_host_wrote_in_range_is_not_read():
+    x = torch.arange(10.0, device="neuron")
+    idx = torch.tensor([0, 9, -10], device="neuron")
+    x[idx]  # first call of the signature
+    before = _data_dependent_syncs()
+    for _ in range(3):
+        y = x[idx]
+        x[idx] = y
+    assert _data_dependent_syncs() == before  # queued, no wait for the index
+    assert torch.equal(x[idx].cpu(), torch.tensor([0.0, 9.0, 0.0]))
+
+
+def test_index_fixed_on_device_after_host_wrote_out_of_range():
+    # The host saw 10 written; a kernel then clamped it. The index is read once, found in range,
+    # and its range updated: the result is right and the next use does not wait again.
+    x = torch.arange(5.0, device="neuron")
+    idx = torch.tensor([10, 2], device="neuron").clamp_(0, 4)
+    before = _data_dependent_syncs()
+    assert torch.equal(x[idx].cpu(), torch.tensor([4.0, 2.0]))
+    assert _data_dependent_syncs() == before + 1
+    assert torch.equal(x[idx].cpu(), torch.tensor([4.0, 2.0]))
+    assert _data_dependent_syncs() == before + 1
+
+
+def test_index_computed_on_device_out_of_range_raises_at_next_sync():
+    # Values only a kernel produced are not read at the op (that would wait for every index):
+    # the kernel's IndexError surfaces at the next synchronization, as CUDA's device-side assert.
+    x = torch.arange(5.0, device="neuron")
+    idx = torch.arange(2, device="neuron") * 10
+    y = x[idx]
+    with pytest.raises(IndexError, match="out of bounds"):
+        y.cpu()
+    _assert_device_healthy()

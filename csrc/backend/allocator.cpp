@@ -7,13 +7,17 @@
 
 #include "backend/allocator.h"
 #include "backend/common.h"
+#include "backend/seen_values.h"
 #include "runtime/host_allocator.h"
 
 namespace neuronx {
 
 namespace {
 
-void device_delete(void* handle) { rt::CachingAllocator::release(handle); }
+void device_delete(void* handle) {
+  forget_seen_values(handle);
+  rt::CachingAllocator::release(handle);
+}
 
 c10::CachingAllocator::Stat to_c10(const rt::Stat& s) {
   c10::CachingAllocator::Stat o;

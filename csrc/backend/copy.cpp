@@ -14,6 +14,7 @@
 
 #include "backend/allocator.h"
 #include "backend/metrics.h"
+#include "backend/seen_values.h"
 #include "backend/tensor_views.h"
 
 namespace neuronx {
@@ -51,6 +52,7 @@ at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_bloc
       // The same checks CPU makes at the call (the kernel runs later).
       at::assert_no_internal_overlap(dst);
       at::assert_no_partial_overlap(dst, src);
+      note_device_copy(dst, src);
       AliasSet aliases;
       at::Tensor d_alias = aliases.cpu(dst), s_alias = aliases.cpu(src);
       translate([&] { qd.launch(copy_kernel("neuron::copy_d2d", std::move(d_alias), std::move(s_alias))); });
@@ -72,6 +74,7 @@ at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_bloc
   if (dst_dev) {  // host -> device
     rt::Queue& q = current_queue(dst.device().index());
     const bool async = non_blocking && is_pinned_ptr(src.storage().data_ptr().get());
+    note_host_copy(dst, src);
     translate([&] {
       q.launch(copy_kernel("neuron::copy_h2d", cpu_alias(dst), src));
       if (!async) {

@@ -24,6 +24,7 @@
 #include "backend/metrics.h"
 #include "backend/op_kernel.h"
 #include "backend/python_hooks.h"
+#include "backend/seen_values.h"
 #include "backend/sparse.h"
 #include "backend/tensor_views.h"
 
@@ -114,6 +115,7 @@ OpAnalysis::OpAnalysis(const c10::OperatorHandle& h) : op(h) {
   if (base == "aten::index_put" || base == "aten::index_put_" || base == "aten::_index_put_impl_" ||
       base == "aten::_unsafe_index_put")
     indexing = Indexing::kPut;
+  fills = base == "aten::fill_";
   for (const char* f : {"arange", "range", "linspace", "logspace", "histc", "histogram"})
     if (base.find(f) != std::string::npos) float_values_shape = true;
   bool all_new = num_returns > 0;
@@ -451,6 +453,9 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::Stack* stack) {
   check_supported(a, args);
   const c10::DeviceIndex d = op_device(a, args);
   if (a.sync_only.load(std::memory_order_relaxed)) return sync_path(a, stack, d);
+  if (a.fills) note_fill(args[0].toTensor(), args[1]);
+  // An index the host saw given values out of range raises here, as on CPU.
+  if (a.indexing != OpAnalysis::Indexing::kNone && !index_values_in_range(args, d)) return sync_path(a, stack, d);
 
   // 1. Output metadata: cached per input signature, else the meta kernel.
   thread_local std::string key;  // reused: no allocation per op

@@ -1,10 +1,13 @@
 #include "backend/launch_checks.h"
 
 #include <ATen/ExpandUtils.h>
+#include <ATen/ops/aminmax.h>
 #include <ATen/ops/index.h>
 
+#include "backend/metrics.h"
 #include "backend/op_kernel.h"
 #include "backend/python_hooks.h"
+#include "backend/seen_values.h"
 #include "backend/tensor_views.h"
 
 namespace neuronx {
@@ -66,6 +69,30 @@ bool indexing_checks_pass(const OpAnalysis& a, c10::ArrayRef<c10::IValue> args) 
   } catch (const std::exception&) {
     clear_python_error();
     return false;
+  }
+  return true;
+}
+
+bool index_values_in_range(c10::ArrayRef<c10::IValue> args, c10::DeviceIndex d) {
+  if (args.size() < 2 || !args[0].isTensor() || !args[1].isList()) return true;
+  const at::Tensor& self = args[0].toTensor();
+  int64_t dim = 0;
+  for (const c10::IValue& v : args[1].toListRef()) {
+    if (dim >= self.dim()) break;
+    const int64_t size = self.size(dim++);
+    if (!v.isTensor()) continue;
+    const at::Tensor& i = v.toTensor();
+    if (!i.defined() || i.numel() == 0 || i.device().type() != kNeuron) continue;
+    if (!c10::isIntegralType(i.scalar_type(), /*includeBool=*/false)) break;  // masks span several dims
+    const auto seen = seen_values(i);
+    if (!seen || (seen->first >= -size && seen->second < size)) continue;
+    // Possibly out of range: wait for the index and read it.
+    count_sync(SyncReason::kDataDependent);
+    translate([&] { current_queue(d).synchronize(); });
+    auto [lo_t, hi_t] = at::aminmax(cpu_alias(i));
+    const int64_t lo = lo_t.item<int64_t>(), hi = hi_t.item<int64_t>();
+    note_checked(i, lo, hi);
+    if (lo < -size || hi >= size) return false;
   }
   return true;
 }

@@ -22,4 +22,10 @@ bool has_channels_last_operand(c10::ArrayRef<c10::IValue> args);
 // depend on data; the caller then takes the synchronous path.
 bool indexing_checks_pass(const OpAnalysis& a, c10::ArrayRef<c10::IValue> args);
 
+// Advanced indexing on device d: false if an index tensor holds a value out
+// of range for its dimension. Only an index whose seen values (seen_values.h)
+// reach outside the range is waited for and read; others pass unread (a bad
+// value the host never saw fails in the kernel, reported at a later sync).
+bool index_values_in_range(c10::ArrayRef<c10::IValue> args, c10::DeviceIndex d);
+
 }  // namespace neuronx

@@ -36,6 +36,7 @@ struct OpAnalysis {
   bool float_values_shape = false;         // float scalars decide output shapes (arange, linspace, ...)
   enum class Indexing : uint8_t { kNone, kGet, kPut };
   Indexing indexing = Indexing::kNone;     // advanced indexing (self, indices, ...): host checks first
+  bool fills = false;                      // fill_: the host sees the value written (seen_values.h)
   std::optional<c10::OperatorHandle> out_op;  // out= form for purely functional ops
   mutable std::atomic<bool> sync_only{false};  // no (reliable) meta kernel: always the synchronous path
   mutable std::atomic<bool> out_form_resizes{false};  // out= kernel reallocates: use the functional form

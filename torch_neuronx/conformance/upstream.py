@@ -31,16 +31,7 @@ FILES = {
 }
 # Why a test that passes on CPU does not pass on neuron, where the cause is known and outside
 # what a backend should change (shown in the table; the test still counts as not passing).
-_OUT_OF_RANGE = ("an index value out of range is found by the kernel, on the device, and raises at the next "
-                 "synchronization (as CUDA's device-side assert; PyTorch skips this test on CUDA)")
-REASONS = {
-    "test_indexing.py": {
-        "NumpyTests::test_trivial_fancy_out_of_bounds": _OUT_OF_RANGE,
-        "TestIndexing::test_advancedindex_float64": _OUT_OF_RANGE,
-        "TestIndexing::test_basic_advanced_combined": (
-            "receives the deferred IndexError of the test before it (test_advancedindex); passes run alone"),
-    },
-}
+REASONS: dict = {}  # file -> {test: why}
 BEGIN = "<!-- upstream-tests:begin -->"
 END = "<!-- upstream-tests:end -->"
 
