@@ -17,6 +17,7 @@
 #include <string_view>
 #include <unordered_map>
 
+#include "backend/fallback_policy.h"
 #include "backend/generator.h"
 #include "backend/launch_checks.h"
 #include "backend/ivalue_map.h"
@@ -106,29 +107,18 @@ OpAnalysis::OpAnalysis(const c10::OperatorHandle& h) : op(h) {
     ret_view.push_back(arg >= 0 && !ri->isWrite());
     if (arg < 0 && is_tensor_type(s.returns()[r].type())) any_new = true;
   }
-  const std::string& base = s.name();
-  allow_cpu_operands = base == "aten::index" || base == "aten::index_put" || base == "aten::index_put_" ||
-                       base == "aten::_index_put_impl_" || base == "aten::_unsafe_index" ||
-                       base == "aten::_unsafe_index_put" || base == "aten::index_fill" ||
-                       base == "aten::index_fill_";
-  if (base == "aten::index" || base == "aten::_unsafe_index") indexing = Indexing::kGet;
-  if (base == "aten::index_put" || base == "aten::index_put_" || base == "aten::_index_put_impl_" ||
-      base == "aten::_unsafe_index_put")
-    indexing = Indexing::kPut;
-  fills = base == "aten::fill_";
-  for (const char* f : {"arange", "range", "linspace", "logspace", "histc", "histogram"})
-    if (base.find(f) != std::string::npos) float_values_shape = true;
+  const uint32_t policy = policy_flags(s.name(), s.overload_name());
+  allow_cpu_operands = policy & kHostIndices;
+  indexing = (policy & kIndexGet) ? Indexing::kGet : (policy & kIndexPut) ? Indexing::kPut : Indexing::kNone;
+  fills = policy & kFill;
+  float_values_shape = policy & kFloatValuesShape;
+  eval_stats_empty = policy & kEvalStatsEmpty;
+  if (policy & kSyncOnly) sync_only.store(true);
   bool all_new = num_returns > 0;
   for (int a : ret_arg) all_new = all_new && a < 0;
   // Only structured ops share their checks between the functional and out=
   // forms (e.g. max() rejects empty inputs, max.unary_out does not): use the
   // out= kernel only for them.
-  // Ops whose meta kernels predict other output shapes or strides than their
-  // CPU kernels give for some inputs (found by the conformance sweep): run
-  // them synchronously and adopt what the CPU kernel returns.
-  for (const char* n : {"aten::max_unpool2d", "aten::max_unpool3d", "aten::multilabel_margin_loss_forward",
-                        "aten::_fft_c2r"})
-    if (base == n) sync_only.store(true);
   const bool structured = h.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional);
   if (!any_written && all_new && structured) out_op = find_out_variant(s);
   counters = &op_counters(name);
@@ -364,14 +354,6 @@ void sync_path(OpAnalysis& a, c10::Stack* stack, c10::DeviceIndex d,
   }
 }
 
-bool meta_unavailable(const std::exception& e) {
-  if (dynamic_cast<const c10::NotImplementedError*>(&e)) return true;
-  const std::string msg = e.what();
-  return msg.find("Meta") != std::string::npos || msg.find("meta") != std::string::npos ||
-         msg.find("data-dependent") != std::string::npos || msg.find("data dependent") != std::string::npos;
-}
-
-
 struct DiscardWarnings : c10::WarningHandler {
   void process(const c10::Warning&) override {}
 };
@@ -396,7 +378,7 @@ std::shared_ptr<MetaResult> run_meta(OpAnalysis& a, c10::ArrayRef<c10::IValue> a
     // No meta kernel: always synchronous. Any other error is the user's (bad
     // shapes, dtypes, indices): the CPU kernel, run synchronously, raises it
     // with CPU's own exception type and wording.
-    if (meta_unavailable(e) && dynamic_cast<const c10::NotImplementedError*>(&e)) a.sync_only.store(true);
+    if (dynamic_cast<const c10::NotImplementedError*>(&e)) a.sync_only.store(true);
     return nullptr;
   } catch (const std::exception&) {
     // A Python meta kernel raised: let the CPU kernel decide (and word the error).
@@ -432,7 +414,7 @@ std::shared_ptr<MetaResult> run_meta(OpAnalysis& a, c10::ArrayRef<c10::IValue> a
     if (a.arg_written[i] && meta_args[i].isTensor() && meta_args[i].toTensor().defined())
       r->written.emplace_back(i, Geometry::of(meta_args[i].toTensor()));
   // Where ATen's meta kernel and its CPU kernel disagree on output shapes.
-  if ((a.name == "aten::native_batch_norm" || a.name == "aten::_native_batch_norm_legit") && args.size() > 5 && args[5].isBool() && !args[5].toBool()) {
+  if (a.eval_stats_empty && args.size() > 5 && args[5].isBool() && !args[5].toBool()) {
     // In eval mode the CPU kernel returns empty save_mean / save_invstd.
     for (size_t i = 1; i < 3 && i < r->returns.size(); ++i)
       if (r->returns[i] && !r->returns[i]->empty()) {
@@ -653,13 +635,6 @@ void OpAnalysis::mark_validated(const std::string& dtype_key) {
   validated_.insert(dtype_key);
 }
 
-TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  // CompositeExplicitAutograd kernels that call CPU dispatch stubs directly
-  // on their (neuron) arguments: route them through the fallback instead.
-  m.impl("conj_physical_", torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>());
-  m.impl("mode.values", torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>());
-}
-
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>());
 }
@@ -671,6 +646,10 @@ void register_direct_fallbacks() {
   // the fallback halves the dispatches and lets it pick the out= kernel itself.
   static auto* lib = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__,
                                         __LINE__);
+  // Composite kernels that would call CPU dispatch stubs on neuron tensors.
+  for (const FallbackPolicy& p : fallback_policies())
+    if (p.flags & kRouteDirect)
+      lib->impl(std::string(p.op).substr(6).c_str(), torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>());
   auto& dispatcher = c10::Dispatcher::singleton();
   for (const auto& name : dispatcher.getAllOpNames()) {
     if (name.name.rfind("aten::", 0) != 0) continue;

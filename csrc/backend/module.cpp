@@ -15,6 +15,7 @@
 #include "backend/generator.h"
 
 #include "backend/common.h"
+#include "backend/fallback_policy.h"
 #include "backend/metrics.h"
 #include "backend/python_hooks.h"
 #include "runtime/host_allocator.h"
@@ -190,6 +191,11 @@ PYBIND11_MODULE(_C, m) {
     return d;
   });
   m.def("_reset_metrics", &reset_metrics);
+  m.def("_fallback_policies", [] {
+    std::vector<std::tuple<std::string, std::string, std::string>> out;
+    for (const FallbackPolicy& p : fallback_policies()) out.emplace_back(p.op, policy_flag_names(p.flags), p.why);
+    return out;
+  });
   m.def("_pending_tasks", [](int d) {
     std::vector<std::pair<uint64_t, std::vector<std::string>>> out;
     for (rt::Queue* q : runtime_device(d).live_queues()) {

@@ -19,7 +19,8 @@ namespace neuronx {
 // The argument that return r of schema s aliases (its alias set), or -1.
 int aliased_argument(const c10::FunctionSchema& s, size_t r);
 
-// What the fallback learned about an operator's schema, computed once.
+// What the fallback learned about an operator's schema and its policy
+// (fallback_policy.h), computed once.
 struct OpAnalysis {
   c10::OperatorHandle op;
   std::string name;                        // "aten::add.Tensor"
@@ -37,6 +38,7 @@ struct OpAnalysis {
   enum class Indexing : uint8_t { kNone, kGet, kPut };
   Indexing indexing = Indexing::kNone;     // advanced indexing (self, indices, ...): host checks first
   bool fills = false;                      // fill_: the host sees the value written (seen_values.h)
+  bool eval_stats_empty = false;           // batch norm: CPU returns empty saved stats in eval
   std::optional<c10::OperatorHandle> out_op;  // out= form for purely functional ops
   mutable std::atomic<bool> sync_only{false};  // no (reliable) meta kernel: always the synchronous path
   mutable std::atomic<bool> out_form_resizes{false};  // out= kernel reallocates: use the functional form

@@ -1,0 +1,62 @@
+"""The eager fallback's policy table (csrc/backend/fallback_policy.cpp): every entry names an
+operator this torch registers, says why it is there, and has the effect its flags promise."""
+import pytest
+import torch
+import torch_neuronx
+
+_POLICIES = torch_neuronx._C._fallback_policies()
+
+
+def test_table_is_not_empty_and_every_entry_has_a_reason():
+    assert len(_POLICIES) >= 20
+    for op, flags, why in _POLICIES:
+        assert flags, op
+        assert len(why) > 20, op
+
+
+@pytest.mark.parametrize("op,flags,why", _POLICIES, ids=[p[0] for p in _POLICIES])
+def test_entry_names_a_registered_operator(op, flags, why):
+    name, _, overload = op.partition(".")
+    registered = torch._C._dispatch_get_all_op_names()
+    if overload:
+        assert op in registered, f"{op} is not a registered operator: update the policy table"
+    else:
+        assert name in registered or any(n.startswith(name + ".") for n in registered), (
+            f"{op} is not a registered operator: update the policy table")
+    if "route_direct" in flags.split(","):
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(op, "PrivateUse1")
+
+
+def test_host_indices_flag_accepts_a_cpu_index_like_cuda():
+    x = torch.arange(6.0, device="neuron")
+    idx = torch.tensor([4, 1])  # on the host
+    assert torch.equal(x[idx].cpu(), torch.tensor([4.0, 1.0]))
+    assert torch.equal(x.clone().index_fill_(0, idx, -1).cpu(), torch.arange(6.0).index_fill_(0, idx, -1))
+    with pytest.raises(RuntimeError, match="same device"):
+        torch.index_select(x, 0, torch.tensor([4, 1]).view(2))  # not in the table: CUDA refuses too
+
+
+def test_float_values_shape_flag_keys_the_cache_on_values():
+    # Same argument types, different lengths: a cache keyed on types alone would reuse a shape.
+    for end in (3.5, 7.5, 2.25):
+        assert torch.equal(torch.arange(0.0, end, device="neuron").cpu(), torch.arange(0.0, end))
+
+
+def test_sync_only_flag_runs_synchronously():
+    torch_neuronx.reset_metrics()
+    x = torch.randn(1, 2, 4, 4, device="neuron")
+    out, idx = torch.nn.functional.max_pool2d(x, 2, return_indices=True)
+    torch.nn.functional.max_unpool2d(out, idx, 2)
+    ops = torch_neuronx.metrics()["ops"]
+    assert ops["aten::max_unpool2d"].get("sync", 0) == 1 and "async" not in ops["aten::max_unpool2d"]
+
+
+def test_eval_stats_empty_flag_matches_cpu_shapes():
+    x = torch.randn(4, 3, 5)
+    rm, rv = torch.zeros(3), torch.ones(3)
+    cpu = torch.ops.aten.native_batch_norm(x, None, None, rm, rv, False, 0.1, 1e-5)
+    dev = torch.ops.aten.native_batch_norm(x.to("neuron"), None, None, rm.to("neuron"), rv.to("neuron"), False, 0.1,
+                                           1e-5)
+    assert [t.shape for t in dev] == [t.shape for t in cpu]
+    assert cpu[1].shape == (0,)
+    torch.testing.assert_close(dev[0].cpu(), cpu[0])
