@@ -37,9 +37,12 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     set_current_device(d.index());
   }
   void uncheckedSetDevice(c10::Device d) const noexcept override {
+    // Called from guard destructors, which must not throw: warn instead, as
+    // CUDA's guard does (C10_CUDA_CHECK_WARN).
     try {
       set_current_device(d.index());
-    } catch (...) {
+    } catch (const std::exception& e) {
+      TORCH_WARN("neuron: could not restore the current device to ", d, ": ", e.what());
     }
   }
 
