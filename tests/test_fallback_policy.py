@@ -60,3 +60,57 @@ def test_eval_stats_empty_flag_matches_cpu_shapes():
     assert [t.shape for t in dev] == [t.shape for t in cpu]
     assert cpu[1].shape == (0,)
     torch.testing.assert_close(dev[0].cpu(), cpu[0])
+
+
+_BAD_RANDOM_ARGS = {
+    "uniform_": lambda t: t.uniform_(3, -1),
+    "normal_": lambda t: t.normal_(0, -1),
+    "random_": lambda t: t.random_(5, 2),
+    "exponential_": lambda t: t.exponential_(-1),
+    "geometric_": lambda t: t.geometric_(2),
+    "bernoulli_": lambda t: t.bernoulli_(2.0),
+    "cauchy_": lambda t: t.cauchy_(0, -1),
+    "log_normal_": lambda t: t.log_normal_(0, -1),
+}
+
+
+@pytest.mark.parametrize("name", list(_BAD_RANDOM_ARGS))
+def test_probe_scalars_flag_raises_bad_random_arguments_at_the_op(name):
+    # The meta kernels accept these arguments; CPU's kernel refuses them. Every call, not only
+    # the first of its signature (the arguments are values, not part of the signature).
+    with pytest.raises(RuntimeError) as cpu:
+        _BAD_RANDOM_ARGS[name](torch.empty(4))
+    t = torch.empty(4, device="neuron")
+    t.uniform_() if name != "random_" else t.random_(0, 5)  # the signature is known (validated)
+    for _ in range(2):
+        with pytest.raises(RuntimeError) as dev:
+            _BAD_RANDOM_ARGS[name](t)
+        assert str(dev.value) == str(cpu.value)
+    torch.neuron.synchronize()  # nothing deferred
+
+
+def test_probe_scalars_flag_leaves_random_streams_alone():
+    torch.manual_seed(0)
+    want_cpu = torch.rand(3)
+    g = torch.Generator("neuron").manual_seed(1)
+    want_dev = torch.empty(5, device="neuron").uniform_(generator=g).cpu()
+    torch.manual_seed(0)
+    g.manual_seed(1)
+    got_dev = torch.empty(5, device="neuron").uniform_(generator=g).cpu()
+    assert torch.equal(torch.rand(3), want_cpu)  # the probe drew nothing from CPU's generator
+    assert torch.equal(got_dev, want_dev)
+
+
+def test_mask_to_self_flag_raises_at_the_op():
+    s = torch.zeros(5, device="neuron")
+    mask, src = torch.ones(5, 5, dtype=torch.bool), torch.randn(5, 5)
+    with pytest.raises(RuntimeError) as cpu:
+        torch.zeros(5).masked_scatter_(mask, src)
+    for _ in range(2):
+        with pytest.raises(RuntimeError) as dev:
+            s.masked_scatter_(mask.to("neuron"), src.to("neuron"))
+        assert str(dev.value) == str(cpu.value)
+    torch.neuron.synchronize()  # nothing deferred
+    m = torch.tensor([True, False, True, False, True], device="neuron")
+    assert torch.equal(s.masked_scatter_(m, torch.arange(5.0, device="neuron")).cpu(),
+                       torch.zeros(5).masked_scatter_(m.cpu(), torch.arange(5.0)))

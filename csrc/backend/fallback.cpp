@@ -107,7 +107,7 @@ OpAnalysis::OpAnalysis(const c10::OperatorHandle& h) : op(h) {
     ret_view.push_back(arg >= 0 && !ri->isWrite());
     if (arg < 0 && is_tensor_type(s.returns()[r].type())) any_new = true;
   }
-  const uint32_t policy = policy_flags(s.name(), s.overload_name());
+  policy = policy_flags(s.name(), s.overload_name());
   allow_cpu_operands = policy & kHostIndices;
   indexing = (policy & kIndexGet) ? Indexing::kGet : (policy & kIndexPut) ? Indexing::kPut : Indexing::kNone;
   fills = policy & kFill;
@@ -436,6 +436,8 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::Stack* stack) {
   const c10::DeviceIndex d = op_device(a, args);
   if (a.sync_only.load(std::memory_order_relaxed)) return sync_path(a, stack, d);
   if (a.fills) note_fill(args[0].toTensor(), args[1]);
+  if (a.policy & kProbeScalars) probe_scalar_checks(a, args);
+  if ((a.policy & kMaskToSelf) && !mask_broadcasts_to_self(args)) return sync_path(a, stack, d);
   // An index the host saw given values out of range raises here, as on CPU.
   if (a.indexing != OpAnalysis::Indexing::kNone && !index_values_in_range(args, d)) return sync_path(a, stack, d);
 

@@ -14,6 +14,9 @@ constexpr const char* kMetaDisagrees = "its meta kernel predicts other output sh
                                        "kernel gives for some inputs (found by the conformance sweep): always "
                                        "run synchronously and adopt the CPU kernel's outputs";
 
+constexpr const char* kRandomArgs = "its CPU kernel checks its scalar arguments (a range, a probability, a scale) "
+                                    "where the meta kernel does not: the check runs on the host at the op";
+
 const FallbackPolicy kPolicies[] = {
     {"aten::index", kHostIndices | kIndexGet, kIndexOp},
     {"aten::_unsafe_index", kHostIndices | kIndexGet, kIndexOp},
@@ -43,6 +46,17 @@ const FallbackPolicy kPolicies[] = {
      "in eval mode the CPU kernel returns empty save_mean/save_invstd where the meta kernel gives [C]"},
     {"aten::_native_batch_norm_legit", kEvalStatsEmpty,
      "in eval mode the CPU kernel returns empty save_mean/save_invstd where the meta kernel gives [C]"},
+    {"aten::uniform_", kProbeScalars, kRandomArgs},
+    {"aten::normal_", kProbeScalars, kRandomArgs},
+    {"aten::random_", kProbeScalars, kRandomArgs},
+    {"aten::exponential_", kProbeScalars, kRandomArgs},
+    {"aten::geometric_", kProbeScalars, kRandomArgs},
+    {"aten::bernoulli_", kProbeScalars, kRandomArgs},
+    {"aten::cauchy_", kProbeScalars, kRandomArgs},
+    {"aten::log_normal_", kProbeScalars, kRandomArgs},
+    {"aten::masked_scatter_", kMaskToSelf,
+     "the CPU kernel expands the mask to self, which the meta kernel does not check: a mask that would grow "
+     "self raises at the op"},
     {"aten::conj_physical_", kRouteDirect,
      "its CompositeExplicitAutograd kernel calls a CPU dispatch stub on the neuron tensor"},
     {"aten::mode.values", kRouteDirect,
@@ -77,6 +91,7 @@ std::string policy_flag_names(uint32_t flags) {
       {kIndexPut, "index_put"},         {kFill, "fill"},
       {kFloatValuesShape, "float_values_shape"}, {kSyncOnly, "sync_only"},
       {kEvalStatsEmpty, "eval_stats_empty"},     {kRouteDirect, "route_direct"},
+      {kProbeScalars, "probe_scalars"},          {kMaskToSelf, "mask_to_self"},
   };
   std::string out;
   for (const auto& [f, n] : kNames)

@@ -19,6 +19,8 @@ enum PolicyFlag : uint32_t {
   kSyncOnly = 1u << 5,          // meta kernel disagrees with CPU for some inputs
   kEvalStatsEmpty = 1u << 6,    // batch norm in eval: CPU returns empty saved stats
   kRouteDirect = 1u << 7,       // composite kernel calls CPU stubs on its arguments
+  kProbeScalars = 1u << 8,      // CPU checks scalar values the meta kernel does not
+  kMaskToSelf = 1u << 9,        // in place: the mask (operand 1) must broadcast to self
 };
 
 struct FallbackPolicy {

@@ -2,6 +2,7 @@
 
 #include <ATen/ExpandUtils.h>
 #include <ATen/ops/aminmax.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/index.h>
 
 #include "backend/metrics.h"
@@ -71,6 +72,33 @@ bool indexing_checks_pass(const OpAnalysis& a, c10::ArrayRef<c10::IValue> args) 
     return false;
   }
   return true;
+}
+
+void probe_scalar_checks(const OpAnalysis& a, c10::ArrayRef<c10::IValue> args) {
+  c10::Stack probe;
+  probe.reserve(args.size());
+  for (size_t i = 0; i < args.size(); ++i) {
+    const c10::IValue& v = args[i];
+    if (v.isTensor() && v.toTensor().defined()) {
+      probe.emplace_back(at::empty({0}, v.toTensor().options().device(c10::kCPU)));
+    } else if (v.isGenerator()) {
+      probe.emplace_back();  // a neuron generator; the probe draws nothing
+    } else {
+      probe.push_back(v);
+    }
+  }
+  at::AutoDispatchBelowADInplaceOrView below;
+  a.op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &probe);
+}
+
+bool mask_broadcasts_to_self(c10::ArrayRef<c10::IValue> args) {
+  if (args.size() < 2 || !args[0].isTensor() || !args[1].isTensor()) return true;
+  const at::Tensor &self = args[0].toTensor(), &mask = args[1].toTensor();
+  try {
+    return at::infer_size(self.sizes(), mask.sizes()) == self.sizes();
+  } catch (const c10::Error&) {
+    return false;
+  }
 }
 
 bool index_values_in_range(c10::ArrayRef<c10::IValue> args, c10::DeviceIndex d) {

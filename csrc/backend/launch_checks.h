@@ -28,4 +28,12 @@ bool indexing_checks_pass(const OpAnalysis& a, c10::ArrayRef<c10::IValue> args);
 // value the host never saw fails in the kernel, reported at a later sync).
 bool index_values_in_range(c10::ArrayRef<c10::IValue> args, c10::DeviceIndex d);
 
+// The CPU kernel's checks of scalar arguments that the meta kernel lacks
+// (uniform_'s from <= to): the op runs on empty host tensors with the same
+// scalars, so a bad argument raises here with CPU's error.
+void probe_scalar_checks(const OpAnalysis& a, c10::ArrayRef<c10::IValue> args);
+
+// args[1] (a mask) broadcasts to args[0]'s shape without growing it.
+bool mask_broadcasts_to_self(c10::ArrayRef<c10::IValue> args);
+
 }  // namespace neuronx

@@ -39,6 +39,7 @@ struct OpAnalysis {
   Indexing indexing = Indexing::kNone;     // advanced indexing (self, indices, ...): host checks first
   bool fills = false;                      // fill_: the host sees the value written (seen_values.h)
   bool eval_stats_empty = false;           // batch norm: CPU returns empty saved stats in eval
+  uint32_t policy = 0;                     // its fallback_policy.h flags
   std::optional<c10::OperatorHandle> out_op;  // out= form for purely functional ops
   mutable std::atomic<bool> sync_only{false};  // no (reliable) meta kernel: always the synchronous path
   mutable std::atomic<bool> out_form_resizes{false};  // out= kernel reallocates: use the functional form
