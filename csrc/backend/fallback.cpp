@@ -36,96 +36,6 @@ namespace {
 const c10::DispatchKeySet kCPUKeys(c10::DispatchKey::CPU);
 const c10::DispatchKeySet kMetaKeys(c10::DispatchKey::Meta);
 
-
-// Overloads of each operator name, for finding out= forms.
-const std::unordered_map<std::string, std::vector<c10::OperatorName>>& overloads_by_name() {
-  static const auto* m = [] {
-    auto* r = new std::unordered_map<std::string, std::vector<c10::OperatorName>>;
-    for (const auto& n : c10::Dispatcher::singleton().getAllOpNames()) (*r)[n.name].push_back(n);
-    return r;
-  }();
-  return *m;
-}
-
-std::optional<c10::OperatorHandle> find_out_variant(const c10::FunctionSchema& s) {
-  const auto& all = overloads_by_name();
-  auto it = all.find(s.name());
-  if (it == all.end()) return std::nullopt;
-  for (const auto& name : it->second) {
-    if (name.overload_name == s.overload_name()) continue;
-    auto h = c10::Dispatcher::singleton().findSchema(name);
-    if (!h || !h->hasComputedKernelForDispatchKey(c10::DispatchKey::CPU)) continue;
-    const auto& o = h->schema();
-    std::vector<const c10::Argument*> ins, outs;
-    for (const auto& a : o.arguments()) (a.is_out() ? outs : ins).push_back(&a);
-    if (outs.empty() || outs.size() != s.returns().size() || ins.size() != s.arguments().size()) continue;
-    bool ok = true;
-    for (size_t i = 0; ok && i < ins.size(); ++i) ok = *ins[i]->type() == *s.arguments()[i].type();
-    for (size_t i = 0; ok && i < outs.size(); ++i) ok = *outs[i]->type() == *s.returns()[i].type();
-    if (ok) return h;
-  }
-  return std::nullopt;
-}
-
-}  // namespace
-
-int aliased_argument(const c10::FunctionSchema& s, size_t r) {
-  const auto* ri = r < s.returns().size() ? s.returns()[r].alias_info() : nullptr;
-  if (!ri) return -1;
-  for (size_t i = 0; i < s.arguments().size(); ++i) {
-    const auto* ai = s.arguments()[i].alias_info();
-    if (!ai) continue;
-    for (const auto& set : ri->beforeSets())
-      if (ai->beforeSets().count(set)) return static_cast<int>(i);
-  }
-  return -1;
-}
-
-OpAnalysis::OpAnalysis(const c10::OperatorHandle& h) : op(h) {
-  const auto& s = h.schema();
-  name = s.name() + (s.overload_name().empty() ? "" : "." + s.overload_name());
-  num_args = s.arguments().size();
-  num_returns = s.returns().size();
-  arg_written.resize(num_args, false);
-  arg_out.resize(num_args, false);
-  for (size_t i = 0; i < num_args; ++i) {
-    const auto& a = s.arguments()[i];
-    if (a.alias_info() && a.alias_info()->isWrite()) {
-      arg_written[i] = true;
-      arg_out[i] = a.is_out();
-      any_written = true;
-    }
-    auto t = a.real_type();
-    if (auto o = t->cast<c10::OptionalType>()) t = o->getElementType();
-    if (t->kind() == c10::TypeKind::GeneratorType) generator_args.push_back(static_cast<int>(i));
-    if (t->kind() == c10::TypeKind::ScalarTypeType) dtype_args.push_back(static_cast<int>(i));
-  }
-  for (size_t r = 0; r < num_returns; ++r) {
-    const auto* ri = s.returns()[r].alias_info();
-    const int arg = aliased_argument(s, r);
-    ret_arg.push_back(arg);
-    ret_view.push_back(arg >= 0 && !ri->isWrite());
-    if (arg < 0 && is_tensor_type(s.returns()[r].type())) any_new = true;
-  }
-  policy = policy_flags(s.name(), s.overload_name());
-  allow_cpu_operands = policy & kHostIndices;
-  indexing = (policy & kIndexGet) ? Indexing::kGet : (policy & kIndexPut) ? Indexing::kPut : Indexing::kNone;
-  fills = policy & kFill;
-  float_values_shape = policy & kFloatValuesShape;
-  eval_stats_empty = policy & kEvalStatsEmpty;
-  if (policy & kSyncOnly) sync_only.store(true);
-  bool all_new = num_returns > 0;
-  for (int a : ret_arg) all_new = all_new && a < 0;
-  // Only structured ops share their checks between the functional and out=
-  // forms (e.g. max() rejects empty inputs, max.unary_out does not): use the
-  // out= kernel only for them.
-  const bool structured = h.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional);
-  if (!any_written && all_new && structured) out_op = find_out_variant(s);
-  counters = &op_counters(name);
-}
-
-namespace {
-
 OpAnalysis& analysis_for(const c10::OperatorHandle& op) {
   // Schemas live as long as the process; key by address.
   thread_local std::unordered_map<const void*, OpAnalysis*> local;
@@ -429,31 +339,33 @@ std::shared_ptr<MetaResult> run_meta(OpAnalysis& a, c10::ArrayRef<c10::IValue> a
 
 }  // namespace
 
-void neuron_fallback(const c10::OperatorHandle& op, c10::Stack* stack) {
-  OpAnalysis& a = analysis_for(op);
-  auto args = torch::jit::last(*stack, a.num_args);
-  check_supported(a, args);
-  const c10::DeviceIndex d = op_device(a, args);
-  if (a.sync_only.load(std::memory_order_relaxed)) return sync_path(a, stack, d);
+namespace {
+
+// The path an op takes, and its output metadata (mr) when it is queued.
+// kDone: it already ran (synchronously, learning how its out= resizes).
+enum class Plan { kQueue, kSync, kDone };
+
+Plan plan(OpAnalysis& a, c10::ArrayRef<c10::IValue> args, c10::Stack* stack, c10::DeviceIndex d,
+          std::shared_ptr<const MetaResult>& mr) {
+  if (a.sync_only.load(std::memory_order_relaxed)) return Plan::kSync;
   if (a.fills) note_fill(args[0].toTensor(), args[1]);
   if (a.policy & kProbeScalars) probe_scalar_checks(a, args);
-  if ((a.policy & kMaskToSelf) && !mask_broadcasts_to_self(args)) return sync_path(a, stack, d);
+  if ((a.policy & kMaskToSelf) && !mask_broadcasts_to_self(args)) return Plan::kSync;
   // An index the host saw given values out of range raises here, as on CPU.
-  if (a.indexing != OpAnalysis::Indexing::kNone && !index_values_in_range(args, d)) return sync_path(a, stack, d);
+  if (a.indexing != OpAnalysis::Indexing::kNone && !index_values_in_range(args, d)) return Plan::kSync;
 
-  // 1. Output metadata: cached per input signature, else the meta kernel.
+  // Output metadata: cached per input signature, else the meta kernel.
   thread_local std::string key;  // reused: no allocation per op
   const bool cacheable = MetaCache::make_key(args, key, a.float_values_shape);
-  std::shared_ptr<const MetaResult> mr;
   if (cacheable) mr = a.meta_cache.find(key);
   if (!mr) {
     auto fresh = run_meta(a, args);
-    if (!fresh) return sync_path(a, stack, d);
+    if (!fresh) return Plan::kSync;
     mr = std::move(fresh);
     if (cacheable) a.meta_cache.insert(key, mr);
   }
 
-  if (mr->cpu_layout.load(std::memory_order_relaxed)) return sync_path(a, stack, d);
+  if (mr->cpu_layout.load(std::memory_order_relaxed)) return Plan::kSync;
 
   // Written arguments whose shape the op changes. In-place ops must not
   // (CPU raises, e.g. a broadcast that would grow self: its kernel words the
@@ -466,13 +378,13 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::Stack* stack) {
     if (!t.defined() || t.device().type() != kNeuron || t.sizes() == c10::IntArrayRef(g.sizes)) continue;
     if (!a.arg_out[i]) {
       // In-place metadata ops (transpose_, unsqueeze_) keep the element count.
-      if (c10::multiply_integers(g.sizes) != t.numel() || t.numel() == 0) return sync_path(a, stack, d);
+      if (c10::multiply_integers(g.sizes) != t.numel() || t.numel() == 0) return Plan::kSync;
       continue;
     }
     // An out= argument that is also an input would change under the kernel.
     for (size_t j = 0; j < a.num_args; ++j)
       if (j != i && args[j].isTensor() && args[j].toTensor().defined() && args[j].toTensor().is_alias_of(t))
-        return sync_path(a, stack, d);
+        return Plan::kSync;
     resized.emplace_back(i, g);
   }
   if (!resized.empty()) {
@@ -481,30 +393,36 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::Stack* stack) {
       auto predicted = resized;  // sync_path may reenter the fallback (thread_local reuse)
       sync_path(a, stack, d, &predicted);
       mr->out_resize.store(predicted.empty() ? 1 : 2, std::memory_order_relaxed);
-      return;
+      return Plan::kDone;
     }
-    if (state == 2) return sync_path(a, stack, d);
+    if (state == 2) return Plan::kSync;
   }
 
-  // 2. Outputs: new tensors, views, and resized out= arguments.
-  std::vector<c10::IValue> results(a.num_returns);
+  return Plan::kQueue;
+}
+
+// Outputs: new tensors, views, and resized out= arguments. Returns whether a
+// kernel must run (false: the op only made views).
+bool allocate_outputs(const OpAnalysis& a, c10::ArrayRef<c10::IValue> args, const MetaResult& mr,
+                      c10::DeviceIndex d, std::vector<c10::IValue>& results) {
   bool launch = a.any_written;
+  results.resize(a.num_returns);
   for (size_t r = 0; r < a.num_returns; ++r) {
     const int k = a.ret_arg[r];
     if (k >= 0 && !a.ret_view[r]) {
       results[r] = args[k];
       continue;
     }
-    const auto& geoms = mr->returns[r];
+    const auto& geoms = mr.returns[r];
     if (!geoms) continue;  // None
     std::vector<at::Tensor> ts;
     ts.reserve(geoms->size());
     for (const Geometry& g : *geoms)
       ts.push_back(k >= 0 ? view_with_geometry(args[k].toTensor(), g) : empty_with_geometry(g, d));
     if (k < 0) launch = true;
-    results[r] = mr->return_is_list[r] ? c10::IValue(c10::List<at::Tensor>(ts)) : c10::IValue(ts[0]);
+    results[r] = mr.return_is_list[r] ? c10::IValue(c10::List<at::Tensor>(ts)) : c10::IValue(ts[0]);
   }
-  for (const auto& [i, g] : mr->written) {
+  for (const auto& [i, g] : mr.written) {
     const at::Tensor& t = args[i].toTensor();
     // A correctly sized out= argument keeps its strides: CPU kernels write
     // through them (or raise, e.g. on internal overlap) rather than restride.
@@ -516,125 +434,141 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::Stack* stack) {
     adopt_geometry(t, g);
   }
 
-  if (!launch) {
-    a.counters->view.fetch_add(1, std::memory_order_relaxed);
-  } else {
-    // 3. Enqueue the CPU kernel on aliases of the device buffers.
-    // The out= kernel writes straight into our outputs when they are plain
-    // contiguous tensors. Other layouts (e.g. linalg's column-major results)
-    // are where Python meta kernels and ATen's C++ kernels may pick different
-    // strides; there the functional form runs and its result is copied.
-    bool plain_outputs = true;
-    for (const auto& r : results)
-      if (r.isTensor() && (!r.toTensor().defined() || !r.toTensor().is_contiguous() || r.toTensor().is_conj() ||
-                           r.toTensor().is_neg()))
-        plain_outputs = false;
-    // An op whose layouts vary runs its functional form, whose results show
-    // the layout the CPU kernel chose (an out= kernel may just write ours).
-    const bool use_out = a.out_op.has_value() && plain_outputs &&
-                         !a.out_form_resizes.load(std::memory_order_relaxed) &&
-                         !a.layout_varies.load(std::memory_order_relaxed);
-    auto mode = a.any_new ? (use_out ? OpKernel::Mode::kOut : OpKernel::Mode::kFunctionalCopy)
-                          : OpKernel::Mode::kDirect;
-    auto k = std::make_unique<OpKernel>(&a, mode);
-    k->set_geometry(mr);
-    k->args().reserve(a.num_args);
-    AliasSet alias_set;
-    for (size_t i = 0; i < a.num_args; ++i)
-      k->args().push_back(kernel_operand(a, i, args[i], d, false, alias_set));
-    if (mode != OpKernel::Mode::kDirect) {
-      k->outs().resize(a.num_returns);
-      for (size_t r = 0; r < a.num_returns; ++r)
-        if (a.ret_arg[r] < 0)
-          k->outs()[r] = map_tensors(results[r], [&](const at::Tensor& t) { return alias_set.cpu(t); });
-    }
-    rt::Queue& q = current_queue(d);
-    thread_local std::string dtype_key;
-    bool validated = mr->dtypes_validated.load(std::memory_order_relaxed);
-    if (!validated) {
-      MetaCache::make_dtype_key(args, dtype_key);
-      // Channels_last operands, and ops seen choosing another layout than
-      // their meta kernel, are where output layouts must be learned: the
-      // first call of each such signature runs inline and returns CPU's.
-      validated = a.validated(dtype_key) && !has_channels_last_operand(args) &&
-                  !a.layout_varies.load(std::memory_order_relaxed);
-    }
-    if (validated) {
-      mr->dtypes_validated.store(true, std::memory_order_relaxed);
-      translate([&] { q.launch(std::move(k)); });
-      a.counters->async.fetch_add(1, std::memory_order_relaxed);
+  return launch;
+}
+
+// The first call of a dtype signature runs inline after the queue drains, so
+// an unsupported dtype raises here, at the op, as on CPU and CUDA.
+void run_first_call(OpAnalysis& a, std::unique_ptr<OpKernel> k, const MetaResult& mr, const std::string& dtype_key,
+                    rt::Queue& q, c10::DeviceIndex d, std::vector<c10::IValue>& results) {
+  a.counters->sync.fetch_add(1, std::memory_order_relaxed);
+  translate([&] { q.synchronize(); });
+  try {
+    k->set_validating(true);
+    InlineRun run(q, a.name.c_str());
+    k->execute();
+    run.done();
+    a.mark_validated(dtype_key);
+    mr.dtypes_validated.store(true, std::memory_order_relaxed);
+  } catch (const MetaMismatch&) {
+    // The op has run (inline, on the host); only our preallocated outputs
+    // had the wrong shape or layout. Adopt what the CPU kernel returned.
+    a.mark_validated(dtype_key);
+    if (k->mode() == OpKernel::Mode::kOut) {
+      // It wrote our buffers in the layout it restrided their aliases to.
+      for (size_t r = 0; r < a.num_returns && r < k->outs().size(); ++r)
+        if (a.ret_arg[r] < 0 && results[r].isTensor() && k->outs()[r].isTensor())
+          adopt_geometry(results[r].toTensor(), Geometry::of(k->outs()[r].toTensor()));
     } else {
-      // First call with these dtypes: run inline after the queue drains, so
-      // an unsupported dtype raises here, at the op, as on CPU and CUDA.
-      a.counters->sync.fetch_add(1, std::memory_order_relaxed);
-      translate([&] { q.synchronize(); });
-      try {
-        k->set_validating(true);
-        InlineRun run(q, a.name.c_str());
-        k->execute();
-        run.done();
-        a.mark_validated(dtype_key);
-        mr->dtypes_validated.store(true, std::memory_order_relaxed);
-      } catch (const MetaMismatch&) {
-        // The op has run (inline, on the host); only our preallocated outputs
-        // had the wrong shape or layout. Adopt what the CPU kernel returned.
-        a.mark_validated(dtype_key);
-        if (k->mode() == OpKernel::Mode::kOut) {
-          // It wrote our buffers in the layout it restrided their aliases to.
-          for (size_t r = 0; r < a.num_returns && r < k->outs().size(); ++r)
-            if (a.ret_arg[r] < 0 && results[r].isTensor() && k->outs()[r].isTensor())
-              adopt_geometry(results[r].toTensor(), Geometry::of(k->outs()[r].toTensor()));
-        } else {
-          c10::Stack& rets = k->args();
-          for (size_t r = 0; r < a.num_returns && r < rets.size(); ++r)
-            if (a.ret_arg[r] < 0)
-              results[r] = map_tensors(rets[r], [&](const at::Tensor& t) { return adopt_host_result(a, t, d); });
-        }
-      } catch (const c10::NotImplementedError&) {
-        throw;  // unsupported dtype: raise at the op (the case below would queue it)
-      } catch (const c10::Error& e) {
-        // Errors CPU and CUDA raise on the host (dtypes, shapes the meta
-        // kernel did not check) raise here, and these dtypes stay unvalidated.
-        // Index errors depend on device data: they keep the asynchronous
-        // contract, queued as this op's failure.
-        if (kernel_error_kind(e) != KernelErrorKind::kIndex) {
-          if (k->mode() != OpKernel::Mode::kOut) throw;
-          // The out= form checks other things than the op (e.g. the out
-          // dtype): the op itself gives CPU's error, or its result.
-          c10::Stack functional(k->args().begin(), k->args().end());
-          {
-            at::AutoDispatchBelowADInplaceOrView below;
-            a.op.redispatchBoxed(kCPUKeys, &functional);
-          }
-          a.out_form_resizes.store(true);
-          for (size_t r = 0; r < a.num_returns && r < functional.size(); ++r)
-            if (a.ret_arg[r] < 0)
-              results[r] = map_tensors(functional[r], [&](const at::Tensor& t) { return adopt_host_result(a, t, d); });
-          torch::jit::drop(*stack, a.num_args);
-          for (auto& r : results) stack->push_back(std::move(r));
-          return;
-        }
-        a.mark_validated(dtype_key);
-        std::string msg = e.what_without_backtrace();
-        const int kind = static_cast<int>(kernel_error_kind(e));
-        translate([&] {
-          q.launch(std::make_unique<rt::FunctionKernel>(a.name.c_str(), [msg, kind] { throw rt::KernelError(msg, kind); }));
-        });
-      }
+      c10::Stack& rets = k->args();
+      for (size_t r = 0; r < a.num_returns && r < rets.size(); ++r)
+        if (a.ret_arg[r] < 0)
+          results[r] = map_tensors(rets[r], [&](const at::Tensor& t) { return adopt_host_result(a, t, d); });
     }
+  } catch (const c10::NotImplementedError&) {
+    throw;  // unsupported dtype: raise at the op (the case below would queue it)
+  } catch (const c10::Error& e) {
+    // Errors CPU and CUDA raise on the host (dtypes, shapes the meta
+    // kernel did not check) raise here, and these dtypes stay unvalidated.
+    // Index errors depend on device data: they keep the asynchronous
+    // contract, queued as this op's failure.
+    if (kernel_error_kind(e) != KernelErrorKind::kIndex) {
+      if (k->mode() != OpKernel::Mode::kOut) throw;
+      // The out= form checks other things than the op (e.g. the out
+      // dtype): the op itself gives CPU's error, or its result.
+      c10::Stack functional(k->args().begin(), k->args().end());
+      {
+        at::AutoDispatchBelowADInplaceOrView below;
+        a.op.redispatchBoxed(kCPUKeys, &functional);
+      }
+      a.out_form_resizes.store(true);
+      for (size_t r = 0; r < a.num_returns && r < functional.size(); ++r)
+        if (a.ret_arg[r] < 0)
+          results[r] = map_tensors(functional[r], [&](const at::Tensor& t) { return adopt_host_result(a, t, d); });
+      return;
+    }
+    a.mark_validated(dtype_key);
+    std::string msg = e.what_without_backtrace();
+    const int kind = static_cast<int>(kernel_error_kind(e));
+    translate([&] {
+      q.launch(std::make_unique<rt::FunctionKernel>(a.name.c_str(), [msg, kind] { throw rt::KernelError(msg, kind); }));
+    });
+  }
+}
+
+// Enqueues the CPU kernel on aliases of the device buffers (the first call of
+// a dtype signature runs inline instead).
+void launch(OpAnalysis& a, c10::ArrayRef<c10::IValue> args, const std::shared_ptr<const MetaResult>& mr,
+            c10::DeviceIndex d, std::vector<c10::IValue>& results) {
+  // The out= kernel writes straight into our outputs when they are plain
+  // contiguous tensors. Other layouts (e.g. linalg's column-major results)
+  // are where Python meta kernels and ATen's C++ kernels may pick different
+  // strides; there the functional form runs and its result is copied.
+  bool plain_outputs = true;
+  for (const auto& r : results)
+    if (r.isTensor() && (!r.toTensor().defined() || !r.toTensor().is_contiguous() || r.toTensor().is_conj() ||
+                         r.toTensor().is_neg()))
+      plain_outputs = false;
+  // An op whose layouts vary runs its functional form, whose results show
+  // the layout the CPU kernel chose (an out= kernel may just write ours).
+  const bool use_out = a.out_op.has_value() && plain_outputs &&
+                       !a.out_form_resizes.load(std::memory_order_relaxed) &&
+                       !a.layout_varies.load(std::memory_order_relaxed);
+  auto mode = a.any_new ? (use_out ? OpKernel::Mode::kOut : OpKernel::Mode::kFunctionalCopy)
+                        : OpKernel::Mode::kDirect;
+  auto k = std::make_unique<OpKernel>(&a, mode);
+  k->set_geometry(mr);
+  k->args().reserve(a.num_args);
+  AliasSet alias_set;
+  for (size_t i = 0; i < a.num_args; ++i)
+    k->args().push_back(kernel_operand(a, i, args[i], d, false, alias_set));
+  if (mode != OpKernel::Mode::kDirect) {
+    k->outs().resize(a.num_returns);
+    for (size_t r = 0; r < a.num_returns; ++r)
+      if (a.ret_arg[r] < 0)
+        k->outs()[r] = map_tensors(results[r], [&](const at::Tensor& t) { return alias_set.cpu(t); });
+  }
+  rt::Queue& q = current_queue(d);
+  thread_local std::string dtype_key;
+  bool validated = mr->dtypes_validated.load(std::memory_order_relaxed);
+  if (!validated) {
+    MetaCache::make_dtype_key(args, dtype_key);
+    // Channels_last operands, and ops seen choosing another layout than
+    // their meta kernel, are where output layouts must be learned: the
+    // first call of each such signature runs inline and returns CPU's.
+    validated = a.validated(dtype_key) && !has_channels_last_operand(args) &&
+                !a.layout_varies.load(std::memory_order_relaxed);
+  }
+  if (validated) {
+    mr->dtypes_validated.store(true, std::memory_order_relaxed);
+    translate([&] { q.launch(std::move(k)); });
+    a.counters->async.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    run_first_call(a, std::move(k), *mr, dtype_key, q, d, results);
+  }
+}
+
+}  // namespace
+
+void neuron_fallback(const c10::OperatorHandle& op, c10::Stack* stack) {
+  OpAnalysis& a = analysis_for(op);
+  auto args = torch::jit::last(*stack, a.num_args);
+  check_supported(a, args);
+  const c10::DeviceIndex d = op_device(a, args);
+  std::shared_ptr<const MetaResult> mr;
+  switch (plan(a, args, stack, d, mr)) {
+    case Plan::kSync: return sync_path(a, stack, d);
+    case Plan::kDone: return;
+    case Plan::kQueue: break;
+  }
+  std::vector<c10::IValue> results;
+  if (allocate_outputs(a, args, *mr, d, results)) {
+    launch(a, args, mr, d, results);
+  } else {
+    a.counters->view.fetch_add(1, std::memory_order_relaxed);
   }
   torch::jit::drop(*stack, a.num_args);
   for (auto& r : results) stack->push_back(std::move(r));
-}
-
-bool OpAnalysis::validated(const std::string& dtype_key) {
-  std::lock_guard<std::mutex> g(validated_mu_);
-  return validated_.count(dtype_key) > 0;
-}
-
-void OpAnalysis::mark_validated(const std::string& dtype_key) {
-  std::lock_guard<std::mutex> g(validated_mu_);
-  validated_.insert(dtype_key);
 }
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
