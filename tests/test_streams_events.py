@@ -355,3 +355,21 @@ def test_event_on_other_device():
     ev.synchronize()
     assert ev.query() is True
     assert torch.equal(buf.cpu(), torch.full((4096,), 30.0))
+
+
+def test_pending_tasks_lists_queued_ops_in_order():
+    # The debugging view docs/device.md names: queued, not yet started tasks, by name.
+    import torch_neuronx
+
+    x = torch.ones(4, device="neuron")
+    (x + 1).cpu()  # signatures validated: the ops below are queued
+    (x * 2).relu().cpu()
+    torch.neuron._sleep(300)
+    y = (x + 1) * 2
+    y = y.relu()
+    names = [n for _, ns in torch_neuronx._C._pending_tasks(0) for n in ns]
+    tail = names[-3:]
+    assert tail == ["aten::add.Tensor", "aten::mul.Tensor", "aten::relu"], names
+    torch.neuron.synchronize()
+    assert all(not ns for _, ns in torch_neuronx._C._pending_tasks(0))
+    assert torch.equal(y.cpu(), torch.full((4,), 4.0))

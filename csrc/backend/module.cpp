@@ -109,11 +109,9 @@ PYBIND11_MODULE(_C, m) {
       }});
 
   m.def("_device_count", [] { return rt::device_count(); });
-  m.def("_config_error", [] { return rt::config_error(); });
   m.def("_is_initialized", [] { return rt::is_initialized(); });
   m.def("_in_bad_fork", [] { return rt::in_bad_fork(); });
   m.def("_init", [] { at::detail::getPrivateUse1Hooks().init(); });
-  m.def("_launch_blocking", [] { return rt::config().launch_blocking; });
   m.def("_current_device", [] { return static_cast<int>(current_device()); });
   m.def("_set_device", [](int d) { set_current_device(static_cast<c10::DeviceIndex>(d)); });
   m.def("_synchronize", [](int d) {
@@ -151,7 +149,6 @@ PYBIND11_MODULE(_C, m) {
     });
   });
   m.def("_stream_priority", [](int64_t stream_id) { return rt::Device::priority_of(static_cast<uint64_t>(stream_id)); });
-  m.def("_physical_cores", [] { return rt::config().visible; });
   m.def("_sim_cores", [] { return rt::config().sim_cores; });
   m.def("_sim_hbm_bytes", [] { return rt::config().hbm_bytes; });
 
@@ -181,7 +178,6 @@ PYBIND11_MODULE(_C, m) {
     d["num_host_free"] = s.num_host_free;
     return d;
   });
-  m.def("_host_empty_cache", [] { rt::HostAllocator::instance().empty_cache(); });
 
   m.def("_metrics", [] {
     const MetricsSnapshot s = metrics_snapshot();

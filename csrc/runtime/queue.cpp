@@ -186,13 +186,6 @@ void Queue::inspect(const std::function<void(const Task&)>& fn) const {
   for (const Task& t : tasks_) fn(t);
 }
 
-std::shared_ptr<const TaskError> Queue::take_error() {
-  std::lock_guard<std::mutex> lk(engine_->mu_);
-  auto e = std::move(error_);
-  error_.reset();
-  return e;
-}
-
 std::shared_ptr<const TaskError> Queue::peek_error() const {
   std::lock_guard<std::mutex> lk(engine_->mu_);
   return error_;

@@ -106,8 +106,6 @@ class Queue {
   // Visits queued, not yet started tasks in order, under the engine lock.
   void inspect(const std::function<void(const Task&)>& fn) const;
 
-  // Returns and clears the recorded error (nullptr when none).
-  std::shared_ptr<const TaskError> take_error();
   void clear_error_if(const TaskError* e);
   std::shared_ptr<const TaskError> peek_error() const;
 
