@@ -131,3 +131,8 @@ def test_upstream_comparison_counts_cpu_passes_and_sets_cpu_only_tests_apart(tmp
     assert upstream._normalize("test_x.TestFooPRIVATEUSE1", "test_bar_neuron_float32", "neuron") == \
         "TestFoo::test_bar_float32"
     assert upstream._normalize("test_x.TestFooCPU", "test_bar_cpu_float32", "cpu") == "TestFoo::test_bar_float32"
+    # A sample of a file (--select) says so in its row.
+    md = upstream.markdown({"torch": "2.13.0", "date": "d", "files": {
+        "test_y.py": {"compare": c, "neuron": {"seconds": 1.0, "rc": 0, "select": "float32"},
+                      "cpu": {"seconds": 1.0, "rc": 0, "select": "float32"}}}}, "cmd")
+    assert "| `test_y.py` (only tests matching `-k float32`) | 3 | 1 |" in md
