@@ -147,7 +147,8 @@ def test_legacy_profiler_use_device():
 
 def test_failed_kernel_is_in_the_trace_and_marked(tmp_path):
     a = torch.randn(4, device="neuron")
-    idx = torch.tensor([0, 9], device="neuron")
+    # Computed on the device: the kernel, not the host, finds 9 out of range (seen_values.h).
+    idx = torch.arange(2, device="neuron") * 9
     with profile(activities=ACTS) as prof:
         a[idx]
         with pytest.raises(IndexError, match="out of bounds"):
