@@ -451,3 +451,15 @@ def test_requires_grad_copy_to_device_tracks_autograd():
     d = x.to(DEV)
     assert d.requires_grad and d.grad_fn is not None
     assert_bitwise(d.detach().cpu(), x.detach())
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint16,
+                                   torch.uint32, torch.uint64, torch.bool])
+def test_integer_copies_to_device_of_every_dtype(dtype):
+    # Integer copies to the device note the values written (for index checks): every integer
+    # dtype must still copy, including those CPU's aminmax does not cover (uint16/32/64).
+    src = torch.arange(6).to(dtype) if dtype != torch.bool else torch.tensor([True, False] * 3)
+    dev = src.to("neuron")
+    assert dev.dtype == dtype and torch.equal(dev.cpu(), src)
+    into = torch.zeros(6, dtype=torch.int64, device="neuron").copy_(src)
+    assert torch.equal(into.cpu(), src.to(torch.int64))

@@ -114,3 +114,19 @@ def test_mask_to_self_flag_raises_at_the_op():
     m = torch.tensor([True, False, True, False, True], device="neuron")
     assert torch.equal(s.masked_scatter_(m, torch.arange(5.0, device="neuron")).cpu(),
                        torch.zeros(5).masked_scatter_(m.cpu(), torch.arange(5.0)))
+
+
+def test_probe_scalars_flag_warns_at_the_op_like_cpu():
+    import warnings
+
+    def messages(t):
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            t.random_(-(2**40), 2**40)  # out of float32's exact range: the kernel warns
+        return [str(x.message) for x in w]
+
+    cpu = messages(torch.empty(4))
+    t = torch.empty(4, device="neuron")
+    t.random_(-(2**40), 2**40)  # first call of the signature (runs inline)
+    for _ in range(2):  # queued calls warn at the op too, once, as CPU does
+        assert messages(t) == cpu and len(cpu) >= 1

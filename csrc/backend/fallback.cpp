@@ -264,10 +264,6 @@ void sync_path(OpAnalysis& a, c10::Stack* stack, c10::DeviceIndex d,
   }
 }
 
-struct DiscardWarnings : c10::WarningHandler {
-  void process(const c10::Warning&) override {}
-};
-
 // Runs the op's meta kernel on meta twins of the operands. nullopt: the op
 // must take the synchronous path (no meta kernel, data-dependent shapes, or
 // results that are host values).

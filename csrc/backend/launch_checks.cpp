@@ -87,6 +87,9 @@ void probe_scalar_checks(const OpAnalysis& a, c10::ArrayRef<c10::IValue> args) {
       probe.push_back(v);
     }
   }
+  // Its warnings (random_'s range beyond the dtype's exact integers) reach
+  // Python here, at the op, as CPU's and CUDA's host code gives them; the
+  // queued kernel's own copy goes to the engine thread's log.
   at::AutoDispatchBelowADInplaceOrView below;
   a.op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &probe);
 }
@@ -111,7 +114,7 @@ bool index_values_in_range(c10::ArrayRef<c10::IValue> args, c10::DeviceIndex d) 
     if (!v.isTensor()) continue;
     const at::Tensor& i = v.toTensor();
     if (!i.defined() || i.numel() == 0 || i.device().type() != kNeuron) continue;
-    if (!c10::isIntegralType(i.scalar_type(), /*includeBool=*/false)) break;  // masks span several dims
+    if (i.scalar_type() != c10::kLong && i.scalar_type() != c10::kInt) break;  // masks span several dims
     const auto seen = seen_values(i);
     if (!seen || (seen->first >= -size && seen->second < size)) continue;
     // Possibly out of range: wait for the index and read it.

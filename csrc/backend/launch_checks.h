@@ -10,6 +10,12 @@ namespace neuronx {
 
 struct OpAnalysis;
 
+// Drops warnings: for kernels run only to check (meta kernels, probes),
+// whose warnings the real run gives anyway.
+struct DiscardWarnings : c10::WarningHandler {
+  void process(const c10::Warning&) override {}
+};
+
 // Same sizes, and the same strides wherever a size is not 1.
 bool same_layout(c10::IntArrayRef sizes_a, c10::IntArrayRef strides_a, c10::IntArrayRef sizes_b,
                  c10::IntArrayRef strides_b);

@@ -15,8 +15,10 @@ namespace {
 // the copy); their storage's range becomes unknown.
 constexpr int64_t kMaxScanned = 1 << 20;
 
-std::mutex g_mu;
-std::unordered_map<const void*, std::pair<int64_t, int64_t>> g_seen;  // by allocator block
+// Leaked, as the runtime's singletons are: engine threads may free blocks
+// while the process exits.
+std::mutex& g_mu = *new std::mutex;
+auto& g_seen = *new std::unordered_map<const void*, std::pair<int64_t, int64_t>>;  // by allocator block
 std::atomic<size_t> g_count{0};  // lets the allocator's free skip the lock
 
 const void* block_of(const at::Tensor& t) {
@@ -24,7 +26,8 @@ const void* block_of(const at::Tensor& t) {
   return t.storage().data_ptr().get_context();
 }
 
-bool is_index_dtype(c10::ScalarType s) { return c10::isIntegralType(s, /*includeBool=*/false); }
+// The index dtypes ATen accepts (uint8 indexes as a mask).
+bool is_index_dtype(c10::ScalarType s) { return s == c10::kLong || s == c10::kInt; }
 
 // Whether t's elements are all of its storage (writing t replaces every value).
 bool covers_storage(const at::Tensor& t) {
