@@ -136,3 +136,30 @@ def test_upstream_comparison_counts_cpu_passes_and_sets_cpu_only_tests_apart(tmp
         "test_y.py": {"compare": c, "neuron": {"seconds": 1.0, "rc": 0, "select": "float32"},
                       "cpu": {"seconds": 1.0, "rc": 0, "select": "float32"}}}}, "cmd")
     assert "| `test_y.py` (only tests matching `-k float32`) | 3 | 1 |" in md
+
+
+def test_upstream_chunked_run_keeps_finished_chunks_and_resumes(tmp_path):
+    """A file run in chunks has one report per chunk; a rerun into the same folder runs only the
+    chunks without a report, and the outcomes are merged across chunks."""
+    from torch_neuronx.conformance import upstream
+
+    src, out = tmp_path / "src", tmp_path / "out"
+    src.mkdir()
+    out.mkdir()
+    runs = tmp_path / "runs.txt"
+    (src / "test_fake.py").write_text(
+        "import pathlib\n"
+        + "".join(f"def test_{i}():\n    pathlib.Path({str(runs)!r}).open('a').write('{i}\\n')\n"
+                  + ("    assert False\n" if i == 3 else "") for i in range(5)))
+    first = upstream.run_file(str(src), "test_fake.py", "cpu", str(out), timeout=120, chunk=2)
+    assert first["chunks"] == 3 and first["rc"] == 1  # a test failed; every chunk ran
+    assert sorted(first["outcomes"]) == [f"test_fake::test_{i}" for i in range(5)]
+    assert first["outcomes"]["test_fake::test_3"][0] == "fail"
+    assert sorted(runs.read_text().split()) == [str(i) for i in range(5)]
+    # The middle chunk (tests 2 and 3) lost its report, as a run stopped by its time limit would.
+    (out / "test_fake.cpu.001.xml").unlink()
+    runs.write_text("")
+    again = upstream.run_file(str(src), "test_fake.py", "cpu", str(out), timeout=120, chunk=2)
+    assert sorted(runs.read_text().split()) == ["2", "3"]
+    assert again["outcomes"] == first["outcomes"]
+    assert upstream.load_run(str(out), "test_fake.py", "cpu")["outcomes"] == first["outcomes"]

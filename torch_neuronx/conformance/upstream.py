@@ -10,6 +10,7 @@ read where they are (never copied into the project)::
 """
 import argparse
 import concurrent.futures
+import glob
 import json
 import os
 import re
@@ -81,37 +82,98 @@ def _outcomes(xml_path, device):
     return out
 
 
-def run_file(directory, name, device, out_dir, timeout, select=None):
-    """Runs one file for one device; select: a pytest -k expression replacing the file's own."""
-    xml = os.path.join(out_dir, f"{name[:-3]}.{device}.xml")
-    log = os.path.join(out_dir, f"{name[:-3]}.{device}.log")
+def _pytest(directory, targets, device, xml, log, timeout):
+    """One pytest run of `targets` (a file and its arguments, or test ids) for `device`; its exit
+    status, or "timeout"."""
     env = dict(os.environ, PYTORCH_TESTING_DEVICE_ONLY_FOR=device)
-    cmd = [sys.executable, "-m", "pytest", name, "-q", "-p", "no:cacheprovider", f"--junitxml={xml}",
-           "-o", "junit_logging=no", *(["-k", select] if select else FILES.get(name, []))]
-    start = time.time()
+    cmd = [sys.executable, "-m", "pytest", *targets, "-q", "-p", "no:cacheprovider", f"--junitxml={xml}",
+           "-o", "junit_logging=no"]
     with open(log, "w") as f:
         try:
-            rc = subprocess.run(cmd, cwd=directory, env=env, stdout=f, stderr=subprocess.STDOUT,
-                                timeout=timeout).returncode
+            return subprocess.run(cmd, cwd=directory, env=env, stdout=f, stderr=subprocess.STDOUT,
+                                  timeout=timeout).returncode
         except subprocess.TimeoutExpired:
-            rc = "timeout"
-    run = {"rc": rc, "seconds": round(time.time() - start, 1), "select": select}
-    with open(os.path.join(out_dir, f"{name[:-3]}.{device}.json"), "w") as f:
+            return "timeout"
+
+
+def _chunks(directory, name, device, stem, args, chunk):
+    """The file's test ids for `device` in chunks of `chunk`, collected once and kept in
+    STEM.chunks.json, so that a resumed run splits the file the same way."""
+    path = stem + ".chunks.json"
+    if os.path.exists(path):
+        return json.load(open(path))
+    env = dict(os.environ, PYTORCH_TESTING_DEVICE_ONLY_FOR=device)
+    out = subprocess.run([sys.executable, "-m", "pytest", name, "-q", "--collect-only", "-p", "no:cacheprovider",
+                          *args], cwd=directory, env=env, capture_output=True, text=True)
+    ids = [line for line in out.stdout.splitlines() if "::" in line and not line.startswith(" ")]
+    if not ids:
+        raise RuntimeError(f"collecting {name} for {device} found no tests:\n{out.stdout[-2000:]}{out.stderr[-2000:]}")
+    chunks = [ids[i:i + chunk] for i in range(0, len(ids), chunk)]
+    with open(path, "w") as f:
+        json.dump(chunks, f)
+    return chunks
+
+
+def run_file(directory, name, device, out_dir, timeout, select=None, chunk=0):
+    """Runs one file for one device; select: a pytest -k expression replacing the file's own.
+
+    With `chunk`, the file runs as pytest runs of `chunk` tests each, every one with its own
+    JUnit report (STEM.NNN.xml): a run that stops at its time limit keeps the chunks it finished,
+    and running again into the same folder resumes with the chunks that have no report yet."""
+    stem = os.path.join(out_dir, f"{name[:-3]}.{device}")
+    args = ["-k", select] if select else FILES.get(name, [])
+    start = time.time()
+    if not chunk:
+        rc = _pytest(directory, [name, *args], device, stem + ".xml", stem + ".log", timeout)
+        run = {"rc": rc, "seconds": round(time.time() - start, 1), "select": select}
+    else:
+        chunks = _chunks(directory, name, device, stem, args, chunk)
+        rc, before = 0, 0.0
+        if os.path.exists(stem + ".json"):
+            before = json.load(open(stem + ".json")).get("seconds") or 0.0
+        for i, ids in enumerate(chunks):
+            xml = f"{stem}.{i:03d}.xml"
+            if os.path.exists(xml):
+                continue
+            left = timeout - (time.time() - start)
+            got = _pytest(directory, ids, device, xml, f"{stem}.{i:03d}.log", left) if left > 0 else "timeout"
+            if got == "timeout":
+                if os.path.exists(xml):
+                    os.remove(xml)
+                rc = "timeout"
+                break
+            rc = rc or got
+        run = {"rc": rc, "seconds": round(before + time.time() - start, 1), "select": select, "chunks": len(chunks)}
+    with open(stem + ".json", "w") as f:
         json.dump(run, f)
-    return {**run, "outcomes": _outcomes(xml, device)}
+    return {**run, "outcomes": _outcomes_of(stem)}
+
+
+def _outcomes_of(stem):
+    """Outcomes from STEM.xml, or merged from a chunked run's STEM.NNN.xml reports."""
+    if os.path.exists(stem + ".xml"):
+        return _outcomes(stem + ".xml", _device_of(stem))
+    out = {}
+    for path in sorted(glob.glob(stem + ".[0-9][0-9][0-9].xml")):
+        out.update(_outcomes(path, _device_of(stem)))
+    return out
+
+
+def _device_of(stem):
+    return stem.rsplit(".", 1)[1]
 
 
 def load_run(out_dir, name, device):
     """A run_file result from the files an earlier run left in out_dir (None if absent)."""
     stem = os.path.join(out_dir, f"{name[:-3]}.{device}")
-    if not os.path.exists(stem + ".xml"):
+    if not os.path.exists(stem + ".xml") and not glob.glob(stem + ".[0-9][0-9][0-9].xml"):
         return None
     if os.path.exists(stem + ".json"):
         run = json.load(open(stem + ".json"))
     else:  # a run from before the .json files: finished if pytest printed its summary
         tail = open(stem + ".log").read()[-400:] if os.path.exists(stem + ".log") else ""
         run = {"rc": 0 if re.search(r"\d+ (passed|failed)", tail) else "timeout", "seconds": None}
-    return {**run, "outcomes": _outcomes(stem + ".xml", device)}
+    return {**run, "outcomes": _outcomes_of(stem)}
 
 
 # Tests PyTorch instantiates for CPU only (onlyCPU, or dtypes listed for CPU alone): CUDA does
@@ -194,6 +256,11 @@ def main(argv=None):
     p.add_argument("--select", action="append", default=[], metavar="FILE=EXPR",
                    help="run only the tests of FILE matching the pytest -k EXPR (a sample of a file too large "
                         "to run whole); the table says so")
+    p.add_argument("--chunk", type=int, default=0, metavar="N",
+                   help="run each file as pytest runs of N tests, each with its own report: a run stopped by "
+                        "--timeout keeps what it finished, and a rerun into the same --out resumes")
+    p.add_argument("--devices", default="cpu,neuron",
+                   help="devices to run now; the others' results are read from --out (an earlier run)")
     p.add_argument("--collect", help="comma-separated folders of earlier runs: build the table from their "
                                      "results (per file, the first folder holding both runs) instead of running")
     a = p.parse_args(argv)
@@ -215,11 +282,17 @@ def main(argv=None):
                 continue
         else:
             # The CPU and neuron runs of a file side by side (separate processes).
+            devices = a.devices.split(",")
             with concurrent.futures.ThreadPoolExecutor(2) as pool:
                 futures = {dev: pool.submit(run_file, a.dir, name, dev, os.path.abspath(a.out), a.timeout,
-                                            selects.get(name))
-                           for dev in ("cpu", "neuron")}
+                                            selects.get(name), a.chunk)
+                           for dev in devices}
                 runs = {dev: f.result() for dev, f in futures.items()}
+            for dev in ("cpu", "neuron"):
+                if dev not in runs:
+                    runs[dev] = load_run(a.out, name, dev)
+                    if runs[dev] is None:
+                        raise SystemExit(f"{name}: --devices {a.devices} needs an earlier {dev} run in {a.out}")
         c = compare(runs["cpu"], runs["neuron"])
         results["files"][name] = {"compare": c, **{d: {k: v for k, v in r.items() if k != "outcomes"}
                                                    for d, r in runs.items()}}
