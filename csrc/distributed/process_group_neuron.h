@@ -1,25 +1,16 @@
 #pragma once
-// c10d backend "neuron": collectives on neuron tensors.
-//
-// A collective is a task on the device's collective queue (served by its own
-// engine, so communication overlaps compute). It waits for the work queued so
-// far on the caller's current stream, then moves data with Gloo, the
-// transport, handed CPU views of the device buffers (zero copy: device memory
-// is host-addressable in the simulator). Work::wait() makes the caller's
-// current stream wait for the collective instead of blocking the host, as
-// NCCL does; a failed collective poisons that stream with its error.
+// c10d backend "neuron": collectives on neuron tensors. How one call runs is
+// in collective_call.h; the Work it returns, in neuron_work.h.
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <atomic>
 #include <chrono>
 #include <functional>
-#include <condition_variable>
-#include <deque>
 #include <memory>
-#include <thread>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace neuronx::rt {
@@ -28,48 +19,12 @@ class Queue;
 
 namespace neuronx::distributed {
 
+class Completer;
 class Sequencer;
 class InFlight;
 class PeerLink;
 class BufferPool;
-struct CollectiveState;
-
-// Waits for issued transport operations, in issue order, on its own thread,
-// and runs their completion (so the collective queue only issues, and the
-// transport can run several collectives at once).
-class Completer {
- public:
-  using Done = std::function<void(const std::string* error)>;  // nullptr: success
-  Completer();
-  ~Completer();
-  // `on_future`: the work's future is completed by the transport's worker
-  // thread, and `done` runs there instead of on this thread.
-  void add(c10::intrusive_ptr<c10d::Work> work, Done done, bool on_future);
-  // Waits until every group's completions have run (at interpreter exit).
-  static bool drain(std::chrono::milliseconds timeout);
-
- private:
-  void loop();
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::pair<c10::intrusive_ptr<c10d::Work>, Done>> pending_;
-  bool stop_ = false;
-  std::thread thread_;
-};
-
-// What every collective of a group uses: rank, transports, completion thread,
-// the fingerprint sequence and the memory in flight.
-struct Links {
-  int rank;
-  c10::intrusive_ptr<c10d::Backend> gloo, control;
-  std::shared_ptr<Completer> completer;
-  std::shared_ptr<Sequencer> sequencer;
-  std::shared_ptr<InFlight> in_flight;
-  std::shared_ptr<BufferPool> buffers;
-  std::chrono::milliseconds timeout;
-  // Peer access (peer_access.h); null where Gloo moves every byte.
-  std::shared_ptr<PeerLink> peers;
-};
+struct CollectiveCall;
 
 class ProcessGroupNeuron final : public c10d::Backend {
  public:
@@ -90,8 +45,8 @@ class ProcessGroupNeuron final : public c10d::Backend {
   bool supportsSplitting() const override { return true; }
   c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store>& store, const std::vector<int>& ranks,
                                           const c10::intrusive_ptr<Options>& opts) override;
-  void setSequenceNumberForGroup() override { gloo_->setSequenceNumberForGroup(); }
-  uint64_t getSequenceNumberForGroup() override { return gloo_->getSequenceNumberForGroup(); }
+  void setSequenceNumberForGroup() override { transport_->setSequenceNumberForGroup(); }
+  uint64_t getSequenceNumberForGroup() override { return transport_->getSequenceNumberForGroup(); }
   // The transport connects when it is created: nothing to do eagerly.
   void eagerConnectSingleDevice(at::Device device) override {}
 
@@ -138,7 +93,7 @@ class ProcessGroupNeuron final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
 
   ~ProcessGroupNeuron() override;
-  c10::intrusive_ptr<c10d::Backend> transport() const { return gloo_; }
+  c10::intrusive_ptr<c10d::Backend> transport() const { return transport_; }
   // Whether the ranks reach each other's device memory directly (peer_access.h).
   bool peer_access() const { return peers_ != nullptr; }
 
@@ -148,6 +103,13 @@ class ProcessGroupNeuron final : public c10d::Backend {
   // would take the GIL during finalization and abort the process.
   static void shutdown_all();
 
+  // Makes the (data, control) transports of a new group over `store`: Gloo,
+  // made in Python (the Gloo headers are not part of the torch wheel), so the
+  // bindings set it. split() uses it.
+  using TransportFactory = std::function<std::pair<c10::intrusive_ptr<c10d::Backend>, c10::intrusive_ptr<c10d::Backend>>(
+      const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, std::chrono::milliseconds timeout)>;
+  static void set_transport_factory(TransportFactory make);
+
  private:
   c10::intrusive_ptr<c10d::Work> allreduce_impl(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts,
                                                 bool coalesced);
@@ -155,12 +117,10 @@ class ProcessGroupNeuron final : public c10d::Backend {
   // Every collective of the group goes through one queue (the collective
   // queue of the first device it used), whatever the tensors' device or the
   // calling thread: the transport must see them in program order.
-  rt::Queue& ordering_queue(c10::DeviceIndex d);
-  Links links() const {
-    return {rank_, gloo_, control_, completer_, sequencer_, in_flight_, buffers_, timeout_, peers_};
-  }
+  rt::Queue& ordering_queue(c10::DeviceIndex device);
+  c10::intrusive_ptr<c10d::Work> run(CollectiveCall call);
 
-  c10::intrusive_ptr<c10d::Backend> gloo_;
+  c10::intrusive_ptr<c10d::Backend> transport_;
   c10::intrusive_ptr<c10d::Backend> control_;
   std::chrono::milliseconds timeout_;
   std::mutex split_mu_;
@@ -168,7 +128,7 @@ class ProcessGroupNeuron final : public c10d::Backend {
   std::vector<int> last_split_ranks_;
   c10::intrusive_ptr<c10d::Backend> last_split_;
   std::atomic<int> queue_device_{-1};
-  std::shared_ptr<Completer> completer_ = std::make_shared<Completer>();
+  std::shared_ptr<Completer> completer_;
   std::shared_ptr<Sequencer> sequencer_;
   std::shared_ptr<InFlight> in_flight_;
   std::shared_ptr<BufferPool> buffers_;
