@@ -260,170 +260,218 @@ void emit_row_loop(std::ostringstream& os, bool vectorize, F&& body) {
 
 // The kernel of a group that loops over rows: a pointwise group with broadcast inputs, or a
 // row group (prologue, the reduction's row statistics, the reduced values and the epilogue).
-std::string generate_row_kernel(const Graph& g, const FusionGroup& group, const std::string& name) {
-  const Node* red = group.reduction >= 0 ? &g.nodes[group.reduction] : nullptr;
-  const bool layer_norm = red && red->target == "aten::native_layer_norm";
-  const bool log_softmax = red && red->target == "aten::_log_softmax";
-  const bool bf16 = group.dtype == c10::ScalarType::BFloat16;
-  const int x = red ? red->args[0].value : -1;
-  const auto kinds = operand_kinds(g, group);
-  // Phase 1 (the prologue: what does not depend on the reduction) and phase 3 (the epilogue).
-  std::set<int> after;
-  if (red) after.insert(red->outputs.begin(), red->outputs.end());
-  Body pro, epi;
-  const int loss = loss_node(g, group);
-  for (int ni : group.nodes) {
-    if (ni == group.reduction || ni == loss) continue;
-    bool dep = false;
-    for (const auto& a : g.nodes[ni].args) for_each_value(a, [&](int v) { dep = dep || after.count(v); });
-    if (dep) after.insert(g.nodes[ni].outputs[0]);
-    (dep ? epi : pro).nodes.push_back(ni);
+class RowKernel {
+ public:
+  RowKernel(const Graph& g, const FusionGroup& group)
+      : g_(g),
+        group_(group),
+        red_(group.reduction >= 0 ? &g.nodes[group.reduction] : nullptr),
+        layer_norm_(red_ && red_->target == "aten::native_layer_norm"),
+        log_softmax_(red_ && red_->target == "aten::_log_softmax"),
+        bf16_(group.dtype == c10::ScalarType::BFloat16),
+        x_(red_ ? red_->args[0].value : -1),
+        loss_(loss_node(g, group)),
+        kinds_(operand_kinds(g, group)) {
+    split_phases();
+    bind_inputs();
+    bind_outputs();
   }
-  auto reads = [&](const Body& b, int v) {
+
+  std::string generate(const std::string& name) {
+    const char* storage = bf16_ ? "uint16_t" : compute_type(group_.dtype);
+    const size_t S = group_.scalar_inputs.size();
+    os_ << std::setprecision(17);
+    os_ << "extern \"C\" void " << name << "(char* const* ptrs, const double* scalars, int64_t begin, int64_t end) {\n";
+    emit_pointers(os_, group_);
+    os_ << "  const int64_t n = static_cast<int64_t>(scalars[" << S << "]);\n";
+    os_ << "  const int64_t R = static_cast<int64_t>(scalars[" << S + 1 << "]);\n";
+    os_ << "  const double* sizes = scalars + " << S + 2 << ";\n  const double* strides = sizes + R;\n";
+    os_ << "  (void)strides;\n";
+    const bool buffered = red_ && (x_ptr_.empty() || !layer_norm_);  // softmax keeps its exponentials there
+    if (buffered) os_ << "  std::vector<float> row(static_cast<size_t>(n));\n";
+    os_ << "  for (int64_t r = begin; r < end; ++r) {\n    const int64_t base = r * n;\n";
+    if (!strided_.empty()) emit_row_offsets(storage);
+    if (red_) {
+      os_ << "    float* __restrict__ xr = " << (buffered ? "row.data()" : "nullptr") << ";\n";
+      os_ << "    const float* __restrict__ xin = " << (x_ptr_.empty() ? "xr" : x_ptr_) << ";\n";
+    }
+    if (!red_ || !pro_.nodes.empty() || !pro_.stores.empty() || x_ptr_.empty()) {
+      emit_row_loop(os_, !bf16_, [&](bool vec) {
+        auto var = emit_body(os_, g_, group_, pro_, vec, "p");
+        if (red_ && x_ptr_.empty()) {
+          if (vec) os_ << "    " << var.at(x_) << ".store(xr + j);\n";
+          else os_ << "    xr[j] = " << var.at(x_) << ";\n";
+        }
+      });
+    }
+    if (red_) {
+      if (layer_norm_) emit_layer_norm_statistics();
+      else emit_softmax_statistics();
+      emit_reduced_values();
+      if (loss_ >= 0) emit_loss();
+    }
+    os_ << "  }\n}\n";
+    return os_.str();
+  }
+
+ private:
+  // Phase 1 (the prologue: what does not depend on the reduction) and phase 3 (the epilogue).
+  void split_phases() {
+    if (red_) after_.insert(red_->outputs.begin(), red_->outputs.end());
+    for (int ni : group_.nodes) {
+      if (ni == group_.reduction || ni == loss_) continue;
+      bool dep = false;
+      for (const auto& a : g_.nodes[ni].args) for_each_value(a, [&](int v) { dep = dep || after_.count(v); });
+      if (dep) after_.insert(g_.nodes[ni].outputs[0]);
+      (dep ? epi_ : pro_).nodes.push_back(ni);
+    }
+  }
+
+  bool reads(const Body& b, int v) const {
     for (int ni : b.nodes) {
       bool r = false;
-      for (const auto& a : g.nodes[ni].args) for_each_value(a, [&](int u) { r = r || u == v; });
+      for (const auto& a : g_.nodes[ni].args) for_each_value(a, [&](int u) { r = r || u == v; });
       if (r) return true;
     }
     return false;
-  };
-  std::string x_ptr, weight, bias;  // the reduction input when read from memory; layer norm's [n] operands
-  std::string target;                // a fused loss's targets
-  std::vector<int> strided;          // inputs found per row from their leading strides
-  for (size_t k = 0; k < group.tensor_inputs.size(); ++k) {
-    const int v = group.tensor_inputs[k];
-    const std::string in = "in" + std::to_string(k), row = "r" + std::to_string(k);
-    if (kinds[k] == Operand::kColumn) {
-      (red->args[2].kind == Arg::Kind::kValue && red->args[2].value == v ? weight : bias) = in;
-      continue;
-    }
-    if (kinds[k] == Operand::kRowIndex) {
-      target = "reinterpret_cast<const int64_t*>(ptrs[" + std::to_string(k) + "])";
-      continue;
-    }
-    if (kinds[k] != Operand::kElement) strided.push_back(static_cast<int>(k));
-    if (v == x) x_ptr = in + " + base";
-    Load l = kinds[k] == Operand::kElement       ? load(v, in, "i", false, bf16)
-             : kinds[k] == Operand::kRowBroadcast ? load(v, row, "0", true, bf16)
-                                                  : load(v, row, "j", false, bf16);
-    if (reads(pro, v)) pro.loads.push_back(l);
-    if (reads(epi, v)) epi.loads.push_back(l);
   }
-  std::string mean_out, rstd_out;
-  for (size_t k = 0; k < group.outputs.size(); ++k) {
-    const int v = group.outputs[k];
-    const std::string out = "out" + std::to_string(k);
-    if (loss >= 0 && (v == g.nodes[loss].outputs[0] || v == g.nodes[loss].outputs[1])) continue;  // set by the host
-    if (layer_norm && v == red->outputs[1]) mean_out = out;
-    else if (layer_norm && v == red->outputs[2]) rstd_out = out;
-    else if ((red && v == red->outputs[0]) || after.count(v)) epi.stores.emplace_back(v, out);
-    else pro.stores.emplace_back(v, out);
+
+  // How each input is read: per element, per row (broadcast inputs, found from their leading
+  // strides), as layer norm's [n] weight and bias, or as a loss's targets.
+  void bind_inputs() {
+    for (size_t k = 0; k < group_.tensor_inputs.size(); ++k) {
+      const int v = group_.tensor_inputs[k];
+      const std::string in = "in" + std::to_string(k), row = "r" + std::to_string(k);
+      if (kinds_[k] == Operand::kColumn) {
+        (red_->args[2].kind == Arg::Kind::kValue && red_->args[2].value == v ? weight_ : bias_) = in;
+        continue;
+      }
+      if (kinds_[k] == Operand::kRowIndex) {
+        target_ = "reinterpret_cast<const int64_t*>(ptrs[" + std::to_string(k) + "])";
+        continue;
+      }
+      if (kinds_[k] != Operand::kElement) strided_.push_back(static_cast<int>(k));
+      if (v == x_) x_ptr_ = in + " + base";
+      Load l = kinds_[k] == Operand::kElement       ? load(v, in, "i", false, bf16_)
+               : kinds_[k] == Operand::kRowBroadcast ? load(v, row, "0", true, bf16_)
+                                                     : load(v, row, "j", false, bf16_);
+      if (reads(pro_, v)) pro_.loads.push_back(l);
+      if (reads(epi_, v)) epi_.loads.push_back(l);
+    }
   }
-  const char* storage = bf16 ? "uint16_t" : compute_type(group.dtype);
-  const size_t S = group.scalar_inputs.size();
-  std::ostringstream os;
-  os << std::setprecision(17);
-  os << "extern \"C\" void " << name << "(char* const* ptrs, const double* scalars, int64_t begin, int64_t end) {\n";
-  emit_pointers(os, group);
-  os << "  const int64_t n = static_cast<int64_t>(scalars[" << S << "]);\n";
-  os << "  const int64_t R = static_cast<int64_t>(scalars[" << S + 1 << "]);\n";
-  os << "  const double* sizes = scalars + " << S + 2 << ";\n  const double* strides = sizes + R;\n";
-  os << "  (void)strides;\n";
-  const bool buffered = red && (x_ptr.empty() || !layer_norm);  // softmax keeps its exponentials there
-  if (buffered) os << "  std::vector<float> row(static_cast<size_t>(n));\n";
-  os << "  for (int64_t r = begin; r < end; ++r) {\n    const int64_t base = r * n;\n";
-  if (!strided.empty()) {  // rows of broadcast inputs: the leading coordinates of row r
-    for (int k : strided) os << "    int64_t o" << k << " = 0;\n";
-    os << "    for (int64_t d = R - 1, rem = r; d >= 0; --d) {\n      const int64_t size = static_cast<int64_t>(sizes[d]);\n"
-       << "      const int64_t c = rem % size;\n      rem /= size;\n";
+
+  void bind_outputs() {
+    for (size_t k = 0; k < group_.outputs.size(); ++k) {
+      const int v = group_.outputs[k];
+      const std::string out = "out" + std::to_string(k);
+      if (loss_ >= 0 && (v == g_.nodes[loss_].outputs[0] || v == g_.nodes[loss_].outputs[1])) continue;  // set by the host
+      if (layer_norm_ && v == red_->outputs[1]) mean_out_ = out;
+      else if (layer_norm_ && v == red_->outputs[2]) rstd_out_ = out;
+      else if ((red_ && v == red_->outputs[0]) || after_.count(v)) epi_.stores.emplace_back(v, out);
+      else pro_.stores.emplace_back(v, out);
+    }
+  }
+
+  // Rows of broadcast inputs: the leading coordinates of row r.
+  void emit_row_offsets(const char* storage) {
+    for (int k : strided_) os_ << "    int64_t o" << k << " = 0;\n";
+    os_ << "    for (int64_t d = R - 1, rem = r; d >= 0; --d) {\n      const int64_t size = static_cast<int64_t>(sizes[d]);\n"
+        << "      const int64_t c = rem % size;\n      rem /= size;\n";
     size_t pos = 0;
-    for (size_t k = 0; k < group.tensor_inputs.size(); ++k) {
-      if (kinds[k] == Operand::kColumn || kinds[k] == Operand::kRowIndex) continue;
-      if (kinds[k] != Operand::kElement)
-        os << "      o" << k << " += c * static_cast<int64_t>(strides[" << pos << " * R + d]);\n";
+    for (size_t k = 0; k < group_.tensor_inputs.size(); ++k) {
+      if (kinds_[k] == Operand::kColumn || kinds_[k] == Operand::kRowIndex) continue;
+      if (kinds_[k] != Operand::kElement)
+        os_ << "      o" << k << " += c * static_cast<int64_t>(strides[" << pos << " * R + d]);\n";
       ++pos;
     }
-    os << "    }\n";
-    for (int k : strided)
-      os << "    const " << storage << "* __restrict__ r" << k << " = in" << k << " + o" << k << ";\n";
+    os_ << "    }\n";
+    for (int k : strided_)
+      os_ << "    const " << storage << "* __restrict__ r" << k << " = in" << k << " + o" << k << ";\n";
   }
-  if (red) {
-    os << "    float* __restrict__ xr = " << (buffered ? "row.data()" : "nullptr") << ";\n";
-    os << "    const float* __restrict__ xin = " << (x_ptr.empty() ? "xr" : x_ptr) << ";\n";
+
+  // Row statistics, with Vectorized partial sums as ATen's kernels do.
+  void emit_layer_norm_statistics() {
+    const double eps = red_->args[4].constant.toDouble();
+    os_ << "    Vec vs(0); float s = 0;\n";
+    os_ << "    int64_t j = 0;\n    for (; j + Vec::size() <= n; j += Vec::size()) vs = vs + Vec::loadu(xin + j);\n";
+    os_ << "    for (; j < n; ++j) s += xin[j];\n";
+    os_ << "    const float mean = (at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, vs) + s) / n;\n";
+    os_ << "    Vec vq(0); float q = 0;\n";
+    os_ << "    for (j = 0; j + Vec::size() <= n; j += Vec::size()) { const Vec d = Vec::loadu(xin + j) - Vec(mean); vq = vq + d * d; }\n";
+    os_ << "    for (; j < n; ++j) { const float d = xin[j] - mean; q += d * d; }\n";
+    os_ << "    const float var = std::max((at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, vq) + q) / n, 0.0f);\n";
+    os_ << "    const float rstd = 1.0f / std::sqrt(var + (float)" << eps << ");\n";
+    if (!mean_out_.empty()) os_ << "    " << mean_out_ << "[r] = mean;\n";
+    if (!rstd_out_.empty()) os_ << "    " << rstd_out_ << "[r] = rstd;\n";
   }
-  if (!red || !pro.nodes.empty() || !pro.stores.empty() || x_ptr.empty()) {
-    emit_row_loop(os, !bf16, [&](bool vec) {
-      auto var = emit_body(os, g, group, pro, vec, "p");
-      if (red && x_ptr.empty()) {
-        if (vec) os << "    " << var.at(x) << ".store(xr + j);\n";
-        else os << "    xr[j] = " << var.at(x) << ";\n";
+
+  void emit_softmax_statistics() {
+    os_ << "    Vec vm(-std::numeric_limits<float>::infinity()); float m = -std::numeric_limits<float>::infinity();\n";
+    os_ << "    int64_t j = 0;\n    for (; j + Vec::size() <= n; j += Vec::size()) vm = at::vec::maximum(vm, Vec::loadu(xin + j));\n";
+    os_ << "    for (; j < n; ++j) m = nx_max(m, xin[j]);\n";
+    os_ << "    const float mx = nx_max(m, at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return at::vec::maximum(a, b); }, vm));\n";
+    os_ << "    Vec vs(0); float s = 0;\n";
+    os_ << "    for (j = 0; j + Vec::size() <= n; j += Vec::size()) { const Vec e = (Vec::loadu(xin + j) - Vec(mx)).exp(); vs = vs + e;"
+        << (log_softmax_ ? "" : " e.store(xr + j);") << " }\n";
+    os_ << "    for (; j < n; ++j) { const float e = std::exp(xin[j] - mx); s += e;" << (log_softmax_ ? "" : " xr[j] = e;")
+        << " }\n";
+    os_ << "    const float sum = at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, vs) + s;\n";
+    os_ << (log_softmax_ ? "    const float shift = mx + std::log(sum);\n" : "    const float inv = 1.0f / sum;\n");
+  }
+
+  // Phase 3: the reduction's result per element, then the epilogue.
+  void emit_reduced_values() {
+    emit_row_loop(os_, true, [&](bool vec) {
+      const std::string in = vec ? "Vec::loadu(xin + j)" : "xin[j]";
+      std::string y;
+      if (layer_norm_) {
+        y = vec ? "(" + in + " - Vec(mean)) * Vec(rstd)" : "(" + in + " - mean) * rstd";
+        if (!weight_.empty()) y = "(" + y + ") * " + (vec ? "Vec::loadu(" + weight_ + " + j)" : weight_ + "[j]");
+        if (!bias_.empty()) y = "(" + y + ") + " + (vec ? "Vec::loadu(" + bias_ + " + j)" : bias_ + "[j]");
+      } else if (log_softmax_) {
+        y = vec ? in + " - Vec(shift)" : in + " - shift";
+      } else {
+        y = vec ? "Vec::loadu(xr + j) * Vec(inv)" : "xr[j] * inv";
       }
+      os_ << "    const " << (vec ? "Vec" : "float") << " y = " << y << ";\n";
+      Body b = epi_;
+      b.bound[red_->outputs[0]] = "y";
+      if (layer_norm_) {
+        b.bound[red_->outputs[1]] = vec ? "Vec(mean)" : "mean";
+        b.bound[red_->outputs[2]] = vec ? "Vec(rstd)" : "rstd";
+      }
+      emit_body(os_, g_, group_, b, vec, "e");
     });
   }
-  if (!red) {
-    os << "  }\n}\n";
-    return os.str();
+
+  // This row's -log_softmax at its target (0, weight 0 at ignore_index).
+  void emit_loss() {
+    const size_t extra = group_.tensor_inputs.size() + group_.outputs.size();
+    os_ << "    {\n      const int64_t t = " << target_ << "[r];\n      float l = 0, w = 0;\n";
+    os_ << "      if (t != " << g_.nodes[loss_].args[4].constant.toInt() << "LL) {\n";
+    os_ << "        if (t < 0 || t >= n) *reinterpret_cast<int64_t*>(ptrs[" << extra + 2 << "]) = t;\n";
+    os_ << "        else { l = -(xin[t] - shift); w = 1; }\n      }\n";
+    os_ << "      reinterpret_cast<float*>(ptrs[" << extra << "])[r] = l;\n";
+    os_ << "      reinterpret_cast<float*>(ptrs[" << extra + 1 << "])[r] = w;\n    }\n";
   }
-  // Row statistics, with Vectorized partial sums as ATen's kernels do.
-  if (layer_norm) {
-    const double eps = red->args[4].constant.toDouble();
-    os << "    Vec vs(0); float s = 0;\n";
-    os << "    int64_t j = 0;\n    for (; j + Vec::size() <= n; j += Vec::size()) vs = vs + Vec::loadu(xin + j);\n";
-    os << "    for (; j < n; ++j) s += xin[j];\n";
-    os << "    const float mean = (at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, vs) + s) / n;\n";
-    os << "    Vec vq(0); float q = 0;\n";
-    os << "    for (j = 0; j + Vec::size() <= n; j += Vec::size()) { const Vec d = Vec::loadu(xin + j) - Vec(mean); vq = vq + d * d; }\n";
-    os << "    for (; j < n; ++j) { const float d = xin[j] - mean; q += d * d; }\n";
-    os << "    const float var = std::max((at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, vq) + q) / n, 0.0f);\n";
-    os << "    const float rstd = 1.0f / std::sqrt(var + (float)" << eps << ");\n";
-    if (!mean_out.empty()) os << "    " << mean_out << "[r] = mean;\n";
-    if (!rstd_out.empty()) os << "    " << rstd_out << "[r] = rstd;\n";
-  } else {
-    os << "    Vec vm(-std::numeric_limits<float>::infinity()); float m = -std::numeric_limits<float>::infinity();\n";
-    os << "    int64_t j = 0;\n    for (; j + Vec::size() <= n; j += Vec::size()) vm = at::vec::maximum(vm, Vec::loadu(xin + j));\n";
-    os << "    for (; j < n; ++j) m = nx_max(m, xin[j]);\n";
-    os << "    const float mx = nx_max(m, at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return at::vec::maximum(a, b); }, vm));\n";
-    os << "    Vec vs(0); float s = 0;\n";
-    os << "    for (j = 0; j + Vec::size() <= n; j += Vec::size()) { const Vec e = (Vec::loadu(xin + j) - Vec(mx)).exp(); vs = vs + e;"
-       << (log_softmax ? "" : " e.store(xr + j);") << " }\n";
-    os << "    for (; j < n; ++j) { const float e = std::exp(xin[j] - mx); s += e;" << (log_softmax ? "" : " xr[j] = e;")
-       << " }\n";
-    os << "    const float sum = at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, vs) + s;\n";
-    os << (log_softmax ? "    const float shift = mx + std::log(sum);\n" : "    const float inv = 1.0f / sum;\n");
-  }
-  // Phase 3: the reduction's result per element, then the epilogue.
-  emit_row_loop(os, true, [&](bool vec) {
-    const std::string in = vec ? "Vec::loadu(xin + j)" : "xin[j]";
-    std::string y;
-    if (layer_norm) {
-      y = vec ? "(" + in + " - Vec(mean)) * Vec(rstd)" : "(" + in + " - mean) * rstd";
-      if (!weight.empty()) y = "(" + y + ") * " + (vec ? "Vec::loadu(" + weight + " + j)" : weight + "[j]");
-      if (!bias.empty()) y = "(" + y + ") + " + (vec ? "Vec::loadu(" + bias + " + j)" : bias + "[j]");
-    } else if (log_softmax) {
-      y = vec ? in + " - Vec(shift)" : in + " - shift";
-    } else {
-      y = vec ? "Vec::loadu(xr + j) * Vec(inv)" : "xr[j] * inv";
-    }
-    os << "    const " << (vec ? "Vec" : "float") << " y = " << y << ";\n";
-    Body b = epi;
-    b.bound[red->outputs[0]] = "y";
-    if (layer_norm) {
-      b.bound[red->outputs[1]] = vec ? "Vec(mean)" : "mean";
-      b.bound[red->outputs[2]] = vec ? "Vec(rstd)" : "rstd";
-    }
-    emit_body(os, g, group, b, vec, "e");
-  });
-  if (loss >= 0) {  // this row's -log_softmax at its target (0, weight 0 at ignore_index)
-    const size_t extra = group.tensor_inputs.size() + group.outputs.size();
-    os << "    {\n      const int64_t t = " << target << "[r];\n      float l = 0, w = 0;\n";
-    os << "      if (t != " << g.nodes[loss].args[4].constant.toInt() << "LL) {\n";
-    os << "        if (t < 0 || t >= n) *reinterpret_cast<int64_t*>(ptrs[" << extra + 2 << "]) = t;\n";
-    os << "        else { l = -(xin[t] - shift); w = 1; }\n      }\n";
-    os << "      reinterpret_cast<float*>(ptrs[" << extra << "])[r] = l;\n";
-    os << "      reinterpret_cast<float*>(ptrs[" << extra + 1 << "])[r] = w;\n    }\n";
-  }
-  os << "  }\n}\n";
-  return os.str();
+
+  const Graph& g_;
+  const FusionGroup& group_;
+  const Node* red_;
+  const bool layer_norm_, log_softmax_, bf16_;
+  const int x_, loss_;
+  const std::vector<Operand> kinds_;
+  std::set<int> after_;  // values that depend on the reduction
+  Body pro_, epi_;
+  std::string x_ptr_, weight_, bias_;  // the reduction input when read from memory; layer norm's [n] operands
+  std::string target_;                 // a fused loss's targets
+  std::vector<int> strided_;           // inputs found per row from their leading strides
+  std::string mean_out_, rstd_out_;
+  std::ostringstream os_;
+};
+
+std::string generate_row_kernel(const Graph& g, const FusionGroup& group, const std::string& name) {
+  return RowKernel(g, group).generate(name);
 }
 
 }  // namespace

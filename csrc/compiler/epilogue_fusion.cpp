@@ -134,30 +134,27 @@ struct Match {
   int other = -1;                           // binary add: the residual's value id
 };
 
-}  // namespace
+struct Matches {
+  std::map<int, Match> by_gemm;    // gemm node -> match
+  std::map<int, int> by_epilogue;  // epilogue node -> gemm node
+  std::set<int> fused_views;       // views moved after their fused call
+};
 
-EpilogueStats fuse_epilogues(Graph& g) {
-  EpilogueStats stats;
-  if (!at::globalContext().userEnabledMkldnn()) return stats;  // torch.backends.mkldnn.enabled = False
-  const auto linear = op("mkldnn::_linear_pointwise", "");
-  const auto linear_binary = op("mkldnn::_linear_pointwise", "binary");
-  const auto permute = op("aten::permute", "");
-  const auto flatten = op("aten::flatten", "using_ints");
-  const auto conv = op("mkldnn::_convolution_pointwise", "");
-  const auto conv_binary = op("mkldnn::_convolution_pointwise", "binary");
-  if (!linear || !linear_binary || !permute || !flatten || !conv || !conv_binary) return stats;  // no oneDNN
-
-  // Readers of each value (node indices; graph outputs count as a reader -1).
+// Readers of each value (node indices; graph outputs count as a reader -1).
+std::vector<std::vector<int>> value_readers(const Graph& g) {
   std::vector<std::vector<int>> readers(g.values.size());
   for (size_t i = 0; i < g.nodes.size(); ++i)
     for (const auto& a : g.nodes[i].args) for_each_value(a, [&](int v) { readers[v].push_back(static_cast<int>(i)); });
   for (int o : g.outputs)
     if (o >= 0) readers[o].push_back(-1);
-  auto only_reader = [&](int v) { return readers[v].size() == 1 ? readers[v][0] : -1; };
-  // What the caller gets back (graph outputs and what they view): ATen's GEMM writes it
-  // straight into the returned buffer through its out= overload, while oneDNN's op allocates its
-  // result, which would then be copied there. So a GEMM without an epilogue whose result
-  // escapes stays ATen's.
+  return readers;
+}
+
+// What the caller gets back (graph outputs and what they view): ATen's GEMM writes it
+// straight into the returned buffer through its out= overload, while oneDNN's op allocates its
+// result, which would then be copied there. So a GEMM without an epilogue whose result
+// escapes stays ATen's.
+std::vector<bool> escaping_values(const Graph& g) {
   std::vector<bool> escapes(g.values.size(), false);
   for (int o : g.outputs)
     if (o >= 0) escapes[o] = true;
@@ -169,10 +166,55 @@ EpilogueStats fuse_epilogues(Graph& g) {
     for (int o : n.outputs)
       if (view && escapes[o]) escapes[n.args[0].value] = true;
   }
+  return escapes;
+}
 
-  std::map<int, Match> by_gemm;      // gemm node -> match
-  std::map<int, int> by_epilogue;    // epilogue node -> gemm node
-  std::set<int> fused_views;         // views moved after their fused call
+// The epilogue of m.gemm: the GEMM result's only reader (through one reshaping view) when that
+// is a pointwise op oneDNN runs as a post-op over the same elements. Sets m.view, m.epilogue and
+// the post-op; m.epilogue stays -1 when there is none.
+void find_epilogue(const Graph& g, const std::vector<std::vector<int>>& readers, const std::map<int, int>& by_epilogue,
+                   bool convolution, Match& m) {
+  auto only_reader = [&](int v) { return readers[v].size() == 1 ? readers[v][0] : -1; };
+  const Node& n = g.nodes[m.gemm];
+  const TensorMeta* out = &*g.values[n.outputs[0]].meta;
+  int chain = n.outputs[0], reader = only_reader(chain);
+  if (reader >= 0 && !convolution &&
+      (g.nodes[reader].target == "aten::view" || g.nodes[reader].target == "aten::_unsafe_view") &&
+      g.nodes[reader].args[0].kind == Arg::Kind::kValue && g.nodes[reader].args[0].value == chain) {
+    m.view = reader;
+    chain = g.nodes[reader].outputs[0];
+    reader = only_reader(chain);
+  }
+  if (reader < 0 || by_epilogue.count(reader)) return;
+  const Node& e = g.nodes[reader];
+  const TensorMeta* em = e.outputs.size() == 1 && g.values[e.outputs[0]].meta ? &*g.values[e.outputs[0]].meta : nullptr;
+  std::string algorithm;
+  const std::string attr = unary_attr(e, algorithm);
+  const bool reads_chain_first = !e.args.empty() && e.args[0].kind == Arg::Kind::kValue && e.args[0].value == chain;
+  if (em && em->dtype == out->dtype && !attr.empty() && reads_chain_first) {
+    m.epilogue = reader;
+    m.attr = attr;
+    m.algorithm = algorithm;
+  } else if (em && em->dtype == out->dtype && e.target == "aten::add.Tensor" && e.args.size() == 3 &&
+             is_one(e.args[2])) {
+    for (int k = 0; k < 2 && m.epilogue < 0; ++k) {
+      const Arg &x = e.args[k], &y = e.args[1 - k];
+      const TensorMeta* ym = tensor_meta(g, y);
+      if (x.kind == Arg::Kind::kValue && x.value == chain && ym && y.value != chain && ym->dtype == out->dtype &&
+          ym->same_sizes(*em)) {
+        m.epilogue = reader;
+        m.attr = "add";
+        m.other = y.value;
+      }
+    }
+  }
+}
+
+// The GEMMs and convolutions to hand to oneDNN, each with its epilogue if it has one.
+Matches match_epilogues(const Graph& g) {
+  const auto readers = value_readers(g);
+  const auto escapes = escaping_values(g);
+  Matches ms;
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     const Node& n = g.nodes[i];
     const bool mm = n.target == "aten::mm", addmm = n.target == "aten::addmm";
@@ -180,43 +222,9 @@ EpilogueStats fuse_epilogues(Graph& g) {
     if (n.kind != Node::Kind::kAten || (!mm && !addmm && !convolution) || n.outputs.size() != 1) continue;
     if (convolution && !convolution_eligible(g, n)) continue;
     if (!convolution && !gemm_eligible(g, n)) continue;
-    const TensorMeta* out = &*g.values[n.outputs[0]].meta;
     Match m;
     m.gemm = static_cast<int>(i);
-    // The epilogue: the GEMM result's only reader (through one reshaping view) when that is a
-    // pointwise op oneDNN runs as a post-op over the same elements.
-    int chain = n.outputs[0], reader = only_reader(chain);
-    if (reader >= 0 && !convolution &&
-        (g.nodes[reader].target == "aten::view" || g.nodes[reader].target == "aten::_unsafe_view") &&
-        g.nodes[reader].args[0].kind == Arg::Kind::kValue && g.nodes[reader].args[0].value == chain) {
-      m.view = reader;
-      chain = g.nodes[reader].outputs[0];
-      reader = only_reader(chain);
-    }
-    if (reader >= 0 && !by_epilogue.count(reader)) {
-      const Node& e = g.nodes[reader];
-      const TensorMeta* em = e.outputs.size() == 1 && g.values[e.outputs[0]].meta ? &*g.values[e.outputs[0]].meta : nullptr;
-      std::string algorithm;
-      const std::string attr = unary_attr(e, algorithm);
-      const bool reads_chain_first = !e.args.empty() && e.args[0].kind == Arg::Kind::kValue && e.args[0].value == chain;
-      if (em && em->dtype == out->dtype && !attr.empty() && reads_chain_first) {
-        m.epilogue = reader;
-        m.attr = attr;
-        m.algorithm = algorithm;
-      } else if (em && em->dtype == out->dtype && e.target == "aten::add.Tensor" && e.args.size() == 3 &&
-                 is_one(e.args[2])) {
-        for (int k = 0; k < 2 && m.epilogue < 0; ++k) {
-          const Arg &x = e.args[k], &y = e.args[1 - k];
-          const TensorMeta* ym = tensor_meta(g, y);
-          if (x.kind == Arg::Kind::kValue && x.value == chain && ym && y.value != chain && ym->dtype == out->dtype &&
-              ym->same_sizes(*em)) {
-            m.epilogue = reader;
-            m.attr = "add";
-            m.other = y.value;
-          }
-        }
-      }
-    }
+    find_epilogue(g, readers, ms.by_epilogue, convolution, m);
     // The fused call runs where the epilogue stood: nothing in between may write memory.
     for (int k = m.gemm + 1; k < m.epilogue && m.epilogue >= 0; ++k) {
       const Node& x = g.nodes[k];
@@ -225,21 +233,65 @@ EpilogueStats fuse_epilogues(Graph& g) {
     if (m.epilogue < 0) m.view = -1;  // nothing fused: the view stays where it was
     if (convolution && m.epilogue < 0) continue;  // ATen's convolution is oneDNN's already
     if (m.epilogue < 0 && escapes[n.outputs[0]]) continue;  // (with an epilogue, either way has a pass more)
-    if (m.epilogue >= 0) by_epilogue[m.epilogue] = m.gemm;
-    if (m.view >= 0) fused_views.insert(m.view);
-    by_gemm[m.gemm] = m;
+    if (m.epilogue >= 0) ms.by_epilogue[m.epilogue] = m.gemm;
+    if (m.view >= 0) ms.fused_views.insert(m.view);
+    ms.by_gemm[m.gemm] = m;
   }
-  if (by_gemm.empty()) return stats;
+  return ms;
+}
 
-  auto add_value = [&](const std::string& name, TensorMeta meta) {
+// The ops the rewrite emits; absent without oneDNN.
+struct OneDnnOps {
+  c10::OperatorHandle linear, linear_binary, permute, flatten, conv, conv_binary;
+  static std::optional<OneDnnOps> find() {
+    const auto linear = op("mkldnn::_linear_pointwise", "");
+    const auto linear_binary = op("mkldnn::_linear_pointwise", "binary");
+    const auto permute = op("aten::permute", "");
+    const auto flatten = op("aten::flatten", "using_ints");
+    const auto conv = op("mkldnn::_convolution_pointwise", "");
+    const auto conv_binary = op("mkldnn::_convolution_pointwise", "binary");
+    if (!linear || !linear_binary || !permute || !flatten || !conv || !conv_binary) return std::nullopt;
+    return OneDnnOps{*linear, *linear_binary, *permute, *flatten, *conv, *conv_binary};
+  }
+};
+
+// Replaces each match by oneDNN's fused call: it stands where the epilogue stood (the residual
+// may be computed after the GEMM), or where the GEMM stood.
+class Rewrite {
+ public:
+  Rewrite(Graph& g, const OneDnnOps& ops, EpilogueStats& stats) : g_(g), ops_(ops), stats_(stats) {}
+
+  void run(const Matches& ms) {
+    std::vector<Node> nodes;
+    nodes.reserve(g_.nodes.size() + 2 * ms.by_gemm.size());
+    for (size_t i = 0; i < g_.nodes.size(); ++i) {
+      const int ii = static_cast<int>(i);
+      auto gm = ms.by_gemm.find(ii);
+      if (gm != ms.by_gemm.end()) {
+        if (gm->second.epilogue < 0) emit(gm->second, nodes);
+        continue;  // fused: emitted at its epilogue
+      }
+      auto ep = ms.by_epilogue.find(ii);
+      if (ep != ms.by_epilogue.end()) {
+        emit(ms.by_gemm.at(ep->second), nodes);
+        continue;
+      }
+      if (!ms.fused_views.count(ii)) nodes.push_back(std::move(g_.nodes[i]));
+    }
+    g_.nodes = std::move(nodes);
+  }
+
+ private:
+  int add_value(const std::string& name, TensorMeta meta) {
     Value v;
     v.kind = Value::Kind::kTensor;
     v.meta = std::move(meta);
     v.name = name;
-    g.values.push_back(std::move(v));
-    return static_cast<int>(g.values.size()) - 1;
-  };
-  auto aten_node = [](const c10::OperatorHandle& h, std::vector<Arg> args, int output) {
+    g_.values.push_back(std::move(v));
+    return static_cast<int>(g_.values.size()) - 1;
+  }
+
+  static Node aten_node(const c10::OperatorHandle& h, std::vector<Arg> args, int output) {
     Node n;
     n.kind = Node::Kind::kAten;
     n.op = h;
@@ -248,89 +300,93 @@ EpilogueStats fuse_epilogues(Graph& g) {
     n.args = std::move(args);
     n.outputs = {output};
     return n;
-  };
+  }
 
-  // The fused call: weight = bᵀ (a view), then oneDNN's linear. It stands where the epilogue
-  // stood (the residual may be computed after the GEMM), or where the GEMM stood.
-  auto emit = [&](const Match& m, std::vector<Node>& out) {
-    const Node& n = g.nodes[m.gemm];
-    if (n.target == "aten::convolution") {  // args: input, weight, bias, stride, padding, dilation, ..., groups
-      const int result = g.nodes[m.epilogue].outputs[0];
-      if (m.other >= 0)
-        out.push_back(aten_node(*conv_binary,
-                                {n.args[0], value_arg(m.other), n.args[1], n.args[2], n.args[4], n.args[3], n.args[5],
-                                 n.args[8], constant_arg(c10::IValue("add")), constant_arg(c10::IValue()),
-                                 constant_arg(c10::IValue()),
-                                 constant_arg(c10::IValue(c10::List<std::optional<c10::Scalar>>())),
-                                 constant_arg(c10::IValue())},
-                                result));
-      else
-        out.push_back(aten_node(*conv,
-                                {n.args[0], n.args[1], n.args[2], n.args[4], n.args[3], n.args[5], n.args[8],
-                                 constant_arg(c10::IValue(m.attr)),
-                                 constant_arg(c10::IValue(c10::List<std::optional<c10::Scalar>>())),
-                                 constant_arg(m.algorithm.empty() ? c10::IValue() : c10::IValue(m.algorithm))},
-                                result));
-      stats.convolutions++;
-      stats.epilogues++;
-      return;
-    }
+  void emit(const Match& m, std::vector<Node>& out) {
+    if (g_.nodes[m.gemm].target == "aten::convolution") return emit_convolution(m, out);
+    emit_linear(m, out);
+  }
+
+  // args: input, weight, bias, stride, padding, dilation, ..., groups
+  void emit_convolution(const Match& m, std::vector<Node>& out) {
+    const Node& n = g_.nodes[m.gemm];
+    const int result = g_.nodes[m.epilogue].outputs[0];
+    if (m.other >= 0)
+      out.push_back(aten_node(ops_.conv_binary,
+                              {n.args[0], value_arg(m.other), n.args[1], n.args[2], n.args[4], n.args[3], n.args[5],
+                               n.args[8], constant_arg(c10::IValue("add")), constant_arg(c10::IValue()),
+                               constant_arg(c10::IValue()),
+                               constant_arg(c10::IValue(c10::List<std::optional<c10::Scalar>>())),
+                               constant_arg(c10::IValue())},
+                              result));
+    else
+      out.push_back(aten_node(ops_.conv,
+                              {n.args[0], n.args[1], n.args[2], n.args[4], n.args[3], n.args[5], n.args[8],
+                               constant_arg(c10::IValue(m.attr)),
+                               constant_arg(c10::IValue(c10::List<std::optional<c10::Scalar>>())),
+                               constant_arg(m.algorithm.empty() ? c10::IValue() : c10::IValue(m.algorithm))},
+                              result));
+    stats_.convolutions++;
+    stats_.epilogues++;
+  }
+
+  // weight = bᵀ (a view), then oneDNN's linear.
+  void emit_linear(const Match& m, std::vector<Node>& out) {
+    const Node& n = g_.nodes[m.gemm];
     const bool addmm = n.target == "aten::addmm";
     const int ai = addmm ? 1 : 0;
     const int gemm_out = n.outputs[0];
-    const TensorMeta& b = *g.values[n.args[ai + 1].value].meta;
+    const TensorMeta& b = *g_.values[n.args[ai + 1].value].meta;
     TensorMeta wt;
     wt.dtype = b.dtype;
     wt.sizes = {b.sizes[1], b.sizes[0]};
     wt.strides = {b.strides[1], b.strides[0]};
-    const int w = add_value(g.values[gemm_out].name + "_weight", wt);
-    out.push_back(aten_node(*permute, {n.args[ai + 1], constant_arg(c10::IValue(std::vector<int64_t>{1, 0}))}, w));
+    const int w = add_value(g_.values[gemm_out].name + "_weight", wt);
+    out.push_back(aten_node(ops_.permute, {n.args[ai + 1], constant_arg(c10::IValue(std::vector<int64_t>{1, 0}))}, w));
     const Arg bias = addmm ? n.args[0] : constant_arg(c10::IValue());
     // Without a view the fused call defines the epilogue's value; with one, the GEMM's value,
     // which the view (moved after it) turns into the epilogue's value.
-    const int result = m.epilogue < 0 ? gemm_out : m.view < 0 ? g.nodes[m.epilogue].outputs[0] : gemm_out;
+    const int result = m.epilogue < 0 ? gemm_out : m.view < 0 ? g_.nodes[m.epilogue].outputs[0] : gemm_out;
     if (m.other >= 0) {
       Arg other = value_arg(m.other);
-      if (g.values[m.other].meta->sizes.size() != 2) {  // the residual, as [rows, cols]
-        const int flat = add_value(g.values[m.other].name + "_rows", *g.values[gemm_out].meta);
-        out.push_back(aten_node(*flatten, {other, constant_arg(int64_t{0}), constant_arg(int64_t{-2})}, flat));
+      if (g_.values[m.other].meta->sizes.size() != 2) {  // the residual, as [rows, cols]
+        const int flat = add_value(g_.values[m.other].name + "_rows", *g_.values[gemm_out].meta);
+        out.push_back(aten_node(ops_.flatten, {other, constant_arg(int64_t{0}), constant_arg(int64_t{-2})}, flat));
         other = value_arg(flat);
       }
-      out.push_back(aten_node(*linear_binary, {n.args[ai], other, value_arg(w), bias, constant_arg(c10::IValue("add"))},
-                              result));
+      out.push_back(aten_node(ops_.linear_binary,
+                              {n.args[ai], other, value_arg(w), bias, constant_arg(c10::IValue("add"))}, result));
     } else {
       const c10::IValue algorithm = m.algorithm.empty() ? c10::IValue() : c10::IValue(m.algorithm);
-      out.push_back(aten_node(*linear,
+      out.push_back(aten_node(ops_.linear,
                               {n.args[ai], value_arg(w), bias, constant_arg(c10::IValue(m.attr)),
-                               constant_arg(c10::IValue(c10::List<std::optional<c10::Scalar>>())), constant_arg(algorithm)},
+                               constant_arg(c10::IValue(c10::List<std::optional<c10::Scalar>>())),
+                               constant_arg(algorithm)},
                               result));
     }
     if (m.view >= 0) {
-      Node v = g.nodes[m.view];
-      v.outputs = {g.nodes[m.epilogue].outputs[0]};
+      Node v = g_.nodes[m.view];
+      v.outputs = {g_.nodes[m.epilogue].outputs[0]};
       out.push_back(std::move(v));
     }
-    stats.gemms++;
-    if (m.epilogue >= 0) stats.epilogues++;
-  };
-
-  std::vector<Node> nodes;
-  nodes.reserve(g.nodes.size() + 2 * by_gemm.size());
-  for (size_t i = 0; i < g.nodes.size(); ++i) {
-    const int ii = static_cast<int>(i);
-    auto gm = by_gemm.find(ii);
-    if (gm != by_gemm.end()) {
-      if (gm->second.epilogue < 0) emit(gm->second, nodes);
-      continue;  // fused: emitted at its epilogue
-    }
-    auto ep = by_epilogue.find(ii);
-    if (ep != by_epilogue.end()) {
-      emit(by_gemm.at(ep->second), nodes);
-      continue;
-    }
-    if (!fused_views.count(ii)) nodes.push_back(std::move(g.nodes[i]));
+    stats_.gemms++;
+    if (m.epilogue >= 0) stats_.epilogues++;
   }
-  g.nodes = std::move(nodes);
+
+  Graph& g_;
+  const OneDnnOps& ops_;
+  EpilogueStats& stats_;
+};
+
+}  // namespace
+
+EpilogueStats fuse_epilogues(Graph& g) {
+  EpilogueStats stats;
+  if (!at::globalContext().userEnabledMkldnn()) return stats;  // torch.backends.mkldnn.enabled = False
+  const auto ops = OneDnnOps::find();
+  if (!ops) return stats;  // no oneDNN
+  const Matches ms = match_epilogues(g);
+  if (!ms.by_gemm.empty()) Rewrite(g, *ops, stats).run(ms);
   return stats;
 }
 

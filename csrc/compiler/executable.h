@@ -18,18 +18,6 @@
 
 namespace neuronx::compiler {
 
-struct CompileStats {
-  PassStats passes;
-  BuildStats build;
-  int library_calls = 0;                       // nodes run as ATen kernels
-  std::map<std::string, int> library_ops;      // ... by op
-  int out_calls = 0;                           // library calls writing into planned memory (out=)
-  int64_t arena_bytes = 0, planned_bytes = 0;  // memory plan: arena size, planned buffers' sum
-  int planned_values = 0;
-  double seconds = 0;
-  std::string ir_hash;
-};
-
 class __attribute__((visibility("hidden"))) Executable : public std::enable_shared_from_this<Executable> {
  public:
   Executable(Graph g, std::vector<FusionGroup> groups, std::vector<KernelFn> kernels,
@@ -81,8 +69,5 @@ class __attribute__((visibility("hidden"))) Executable : public std::enable_shar
   std::vector<bool> folded_;             // per node: evaluated at build time
   std::vector<std::pair<int, c10::IValue>> constants_;  // folded values and their results
 };
-
-// Runs the passes, generates and builds the kernels (or loads them from the cache).
-std::shared_ptr<Executable> compile(Graph g, const std::string& debug_dir, CompileStats& stats);
 
 }  // namespace neuronx::compiler

@@ -8,7 +8,8 @@
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/utils/pybind.h>
 
-#include "compiler/executable.h"
+#include "backend/bindings.h"
+#include "compiler/pipeline.h"
 
 namespace py = pybind11;
 

@@ -1,0 +1,164 @@
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_strided.h>
+
+#include <cmath>
+
+#include "backend/common.h"
+#include "backend/tensor_views.h"
+#include "compiler/executable.h"
+#include "compiler/scalar_ops.h"
+#include "runtime/queue.h"
+
+namespace neuronx::compiler {
+
+namespace {
+
+class ExecKernel final : public rt::Kernel {
+ public:
+  ExecKernel(std::shared_ptr<const Executable> exe, std::vector<c10::IValue> env, std::vector<at::Tensor> outputs,
+             at::Tensor arena, char* arena_cpu, c10::DeviceIndex d)
+      : exe_(std::move(exe)),
+        env_(std::move(env)),
+        outputs_(std::move(outputs)),
+        arena_(std::move(arena)),
+        arena_cpu_(arena_cpu),
+        device_(d) {}
+  void run() override {
+    try {
+      // Under torch.profiler each step of the program is reported as a device kernel of its own.
+      reported_steps = rt::observing();
+      exe_->execute(env_, outputs_, arena_cpu_, device_, reported_steps);
+    } catch (const c10::Error& e) {  // raised at synchronization as the same Python type
+      throw rt::KernelError(e.what_without_backtrace(), static_cast<int>(kernel_error_kind(e)));
+    }
+    env_.clear();
+    outputs_.clear();
+    arena_ = at::Tensor();
+  }
+  const char* name() const override { return "neuron::executable"; }
+
+ private:
+  std::shared_ptr<const Executable> exe_;
+  std::vector<c10::IValue> env_;
+  std::vector<at::Tensor> outputs_;
+  at::Tensor arena_;  // the launch's planned intermediates (device memory), kept until the task ran
+  char* arena_cpu_;
+  c10::DeviceIndex device_;
+};
+
+}  // namespace
+
+std::vector<c10::IValue> Executable::launch(const std::vector<c10::IValue>& inputs) const {
+  const Graph& g = graph_;
+  TORCH_CHECK(inputs.size() == g.inputs.size(), "compiled graph expects ", g.inputs.size(), " inputs, got ",
+              inputs.size());
+  std::optional<c10::DeviceIndex> dev;
+  for (const auto& v : inputs)
+    if (v.isTensor() && v.toTensor().defined() && v.toTensor().device().type() == kNeuron) {
+      dev = v.toTensor().device().index();
+      break;
+    }
+  const c10::DeviceIndex d = dev ? *dev : current_device();
+  // Symbols from the inputs.
+  std::vector<double> sym_values;
+  std::vector<std::string> sym_names;
+  for (const auto& s : g.symbols) {
+    const c10::IValue& v = inputs[s.input];
+    sym_names.push_back(s.name);
+    sym_values.push_back(s.dim < 0 ? as_double(v) : static_cast<double>(v.toTensor().size(s.dim)));
+  }
+  std::vector<c10::IValue> env(g.values.size());
+  AliasSet aliases;
+  std::vector<int> input_of(g.values.size(), -1);
+  for (size_t i = 0; i < g.inputs.size(); ++i) {
+    const c10::IValue& v = inputs[i];
+    input_of[g.inputs[i].value] = static_cast<int>(i);
+    if (v.isTensor() && v.toTensor().defined()) {
+      const at::Tensor& t = v.toTensor();
+      env[g.inputs[i].value] = t.device().type() == kNeuron ? c10::IValue(aliases.cpu(t))
+                               : t.unsafeGetTensorImpl()->is_wrapped_number() ? c10::IValue(t)
+                                                                               : c10::IValue(t.clone());
+    } else {
+      env[g.inputs[i].value] = v;
+    }
+  }
+  for (const auto& [v, c] : constants_) env[v] = c;
+  // Scalar ops (symbolic sizes and floats) are host work: evaluate them now.
+  for (const auto& n : g.nodes) {
+    if (n.kind != Node::Kind::kScalarOp) continue;
+    if (n.target == "sym_size" || n.target == "sym_stride" || n.target == "sym_numel") {
+      const int tv = n.args[0].value;
+      int64_t r;
+      if (input_of[tv] >= 0) {
+        const at::Tensor& t = inputs[input_of[tv]].toTensor();
+        r = n.target == "sym_numel" ? t.numel()
+            : n.target == "sym_size" ? t.size(n.args[1].constant.toInt())
+                                      : t.stride(n.args[1].constant.toInt());
+      } else {
+        const TensorMeta& m = *g.values[tv].meta;
+        if (n.target == "sym_numel") {
+          double p = 1;
+          for (const auto& e : m.sizes) p *= e.eval(sym_values, sym_names);
+          r = static_cast<int64_t>(p);
+        } else {
+          int64_t dim = n.args[1].constant.toInt();
+          const auto& es = n.target == "sym_size" ? m.sizes : m.strides;
+          if (dim < 0) dim += static_cast<int64_t>(es.size());
+          r = static_cast<int64_t>(es.at(dim).eval(sym_values, sym_names));
+        }
+      }
+      env[n.outputs[0]] = c10::IValue(r);
+      continue;
+    }
+    std::vector<c10::IValue> a;
+    for (const auto& arg : n.args) a.push_back(arg.kind == Arg::Kind::kValue ? env[arg.value] : arg.constant);
+    env[n.outputs[0]] = scalar_op(n.target, a);
+  }
+  // Outputs: device tensors allocated now, so the caller gets them before the program runs.
+  std::vector<c10::IValue> results;
+  std::vector<at::Tensor> out_aliases;
+  for (int o : g.outputs) {
+    if (o < 0) {
+      results.emplace_back();
+      continue;
+    }
+    const Value& v = g.values[o];
+    if (v.kind != Value::Kind::kTensor) {
+      results.push_back(input_of[o] >= 0 ? inputs[input_of[o]] : env[o]);
+      continue;
+    }
+    if (input_of[o] >= 0 && inputs[input_of[o]].isTensor()) {  // returned unchanged
+      results.push_back(inputs[input_of[o]]);
+      out_aliases.emplace_back();
+      continue;
+    }
+    const TensorMeta& m = *v.meta;
+    std::vector<int64_t> sizes, strides;
+    for (const auto& e : m.sizes) sizes.push_back(static_cast<int64_t>(std::llround(e.eval(sym_values, sym_names))));
+    for (const auto& e : m.strides)
+      strides.push_back(static_cast<int64_t>(std::llround(e.eval(sym_values, sym_names))));
+    at::Tensor t = at::empty_strided(sizes, strides, at::TensorOptions().dtype(m.dtype).device(kNeuron, d));
+    out_aliases.push_back(aliases.cpu(t));
+    results.emplace_back(std::move(t));
+  }
+  // Output aliases in graph-output order, undefined for non-tensor outputs.
+  std::vector<at::Tensor> outs;
+  size_t k = 0;
+  for (int o : g.outputs) {
+    if (o >= 0 && g.values[o].kind == Value::Kind::kTensor) outs.push_back(out_aliases[k++]);
+    else outs.emplace_back();
+  }
+  at::Tensor arena;
+  char* arena_cpu = nullptr;
+  if (plan_.arena_bytes > 0) {
+    arena = at::empty({plan_.arena_bytes}, at::TensorOptions().dtype(at::kByte).device(kNeuron, d));
+    arena_cpu = static_cast<char*>(aliases.cpu(arena).data_ptr());
+  }
+  translate([&] {
+    current_queue(d).launch(
+        std::make_unique<ExecKernel>(shared_from_this(), std::move(env), std::move(outs), std::move(arena), arena_cpu, d));
+  });
+  return results;
+}
+
+}  // namespace neuronx::compiler
