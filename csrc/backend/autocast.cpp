@@ -6,6 +6,7 @@
 #include <ATen/autocast_mode.h>
 #include <torch/library.h>
 
+#include "backend/registration.h"
 #include "backend/common.h"
 
 namespace neuronx {

@@ -17,6 +17,7 @@
 #include <string_view>
 #include <unordered_map>
 
+#include "backend/registration.h"
 #include "backend/fallback_policy.h"
 #include "backend/generator.h"
 #include "backend/launch_checks.h"

@@ -6,6 +6,8 @@
 
 #include "backend/allocator.h"
 #include "backend/common.h"
+#include "backend/registration.h"
+#include "backend/tensor_views.h"
 #include "backend/generator.h"
 #include "runtime/host_allocator.h"
 
@@ -51,7 +53,6 @@ struct NeuronHooks final : public at::PrivateUse1HooksInterface {
 
 }  // namespace
 
-void resize_storage_bytes(c10::StorageImpl* storage, size_t nbytes);
 
 void NeuronHooks::resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsize) const {
   resize_storage_bytes(storage.unsafeGetStorageImpl(), newsize);

@@ -9,6 +9,7 @@
 
 #include <unordered_map>
 
+#include "backend/bindings.h"
 #include "backend/common.h"
 
 namespace py = pybind11;

@@ -14,32 +14,19 @@
 
 #include "backend/generator.h"
 
+#include "backend/bindings.h"
 #include "backend/common.h"
 #include "backend/fallback_policy.h"
 #include "backend/metrics.h"
 #include "backend/python_hooks.h"
+#include "backend/registration.h"
 #include "runtime/host_allocator.h"
 
 namespace py = pybind11;
 
 namespace neuronx {
 
-void register_hooks();
-void register_direct_fallbacks();
-void register_sparse_kernels();
-void register_quantized_kernels();
-void init_autocast_dtype();
-void bind_memory_snapshot(py::module& m);
-namespace compiler {
-void bind(pybind11::module& parent);
-}
-namespace distributed {
-void bind(py::module& m);
-}
-
 namespace {
-
-VoidFn g_clear_python_error = nullptr;
 
 py::dict stat_dict(const rt::Stat& s) {
   py::dict d;
@@ -82,13 +69,6 @@ py::dict memory_stats(int device) {
 
 }  // namespace
 
-void set_clear_python_error(VoidFn fn) { g_clear_python_error = fn; }
-void clear_python_error() {
-  if (!g_clear_python_error) return;
-  py::gil_scoped_acquire gil;
-  g_clear_python_error();
-}
-
 }  // namespace neuronx
 
 PYBIND11_MODULE(_C, m) {
@@ -99,7 +79,10 @@ PYBIND11_MODULE(_C, m) {
   register_sparse_kernels();
   register_quantized_kernels();
   init_autocast_dtype();
-  set_clear_python_error([] { PyErr_Clear(); });
+  set_clear_python_error([] {
+    py::gil_scoped_acquire gil;
+    PyErr_Clear();
+  });
   // Waiting on the device with the GIL held could deadlock: a kernel that
   // finishes may release the last reference to a storage with a Python object.
   rt::set_blocking_hooks(rt::BlockingHooks{

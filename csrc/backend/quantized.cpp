@@ -16,6 +16,7 @@
 
 #include <cstring>
 
+#include "backend/registration.h"
 #include "backend/host_kernels.h"
 #include "backend/ivalue_map.h"
 #include "backend/metrics.h"

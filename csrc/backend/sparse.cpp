@@ -7,6 +7,7 @@
 // Sparse here serves sparse embedding gradients, SparseAdam and conversions;
 // dense ops are the device's work.
 #include "backend/sparse.h"
+#include "backend/registration.h"
 
 #include "backend/host_kernels.h"
 #include "backend/ivalue_map.h"
