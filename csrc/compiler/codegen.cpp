@@ -42,64 +42,6 @@ bool operand(const Graph& g, const Arg& a, const TensorMeta& out) {
   return tensor_operand(g, a, out) || scalar_operand(g, a);
 }
 
-using Expr = std::function<std::string(const std::vector<std::string>&)>;
-
-struct Lowering {
-  int operands;  // leading args that are tensors or numbers
-  Expr expr;     // scalar C++ over the operand expressions
-  Expr vexpr;    // the same over at::vec::Vectorized operands (ATen's own vectorized math)
-};
-
-std::string call(const char* f, const std::string& x) { return std::string(f) + "(" + x + ")"; }
-
-const std::map<std::string, Lowering>& table() {
-  auto bin = [](const char* op) {
-    return Expr([op](auto& o) { return "(" + o[0] + " " + op + " " + o[1] + ")"; });
-  };
-  auto alpha = [](const char* op) {
-    return Expr([op](auto& o) { return "(" + o[0] + " " + op + " " + o[2] + " * " + o[1] + ")"; });
-  };
-  auto method = [](const char* m) {
-    return Expr([m](auto& o) { return "(" + o[0] + ")." + m + "()"; });
-  };
-  static const auto* t = new std::map<std::string, Lowering>{
-      {"aten::add.Tensor", {3, alpha("+"), alpha("+")}},
-      {"aten::sub.Tensor", {3, alpha("-"), alpha("-")}},
-      {"aten::add.Scalar", {3, alpha("+"), alpha("+")}},
-      {"aten::sub.Scalar", {3, alpha("-"), alpha("-")}},
-      {"aten::mul.Tensor", {2, bin("*"), bin("*")}},
-      {"aten::mul.Scalar", {2, bin("*"), bin("*")}},
-      {"aten::div.Tensor", {2, bin("/"), bin("/")}},
-      {"aten::div.Scalar", {2, bin("/"), bin("/")}},
-      {"aten::maximum", {2, [](auto& o) { return "nx_max(" + o[0] + ", " + o[1] + ")"; },
-                         [](auto& o) { return "at::vec::maximum(" + o[0] + ", " + o[1] + ")"; }}},
-      {"aten::minimum", {2, [](auto& o) { return "nx_min(" + o[0] + ", " + o[1] + ")"; },
-                         [](auto& o) { return "at::vec::minimum(" + o[0] + ", " + o[1] + ")"; }}},
-      {"aten::pow.Tensor_Scalar", {2, [](auto& o) { return "std::pow(" + o[0] + ", " + o[1] + ")"; },
-                                   [](auto& o) { return "(" + o[0] + ").pow(" + o[1] + ")"; }}},
-      {"aten::neg", {1, [](auto& o) { return "(-" + o[0] + ")"; }, method("neg")}},
-      {"aten::abs", {1, [](auto& o) { return call("std::abs", o[0]); }, method("abs")}},
-      {"aten::exp", {1, [](auto& o) { return call("std::exp", o[0]); }, method("exp")}},
-      {"aten::log", {1, [](auto& o) { return call("std::log", o[0]); }, method("log")}},
-      {"aten::sqrt", {1, [](auto& o) { return call("std::sqrt", o[0]); }, method("sqrt")}},
-      {"aten::rsqrt", {1, [](auto& o) { return "(1 / std::sqrt(" + o[0] + "))"; }, method("rsqrt")}},
-      {"aten::reciprocal", {1, [](auto& o) { return "(1 / " + o[0] + ")"; }, method("reciprocal")}},
-      {"aten::sin", {1, [](auto& o) { return call("std::sin", o[0]); }, method("sin")}},
-      {"aten::cos", {1, [](auto& o) { return call("std::cos", o[0]); }, method("cos")}},
-      {"aten::tanh", {1, [](auto& o) { return call("std::tanh", o[0]); }, method("tanh")}},
-      {"aten::erf", {1, [](auto& o) { return call("std::erf", o[0]); }, method("erf")}},
-      {"aten::log1p", {1, [](auto& o) { return call("std::log1p", o[0]); }, method("log1p")}},
-      {"aten::expm1", {1, [](auto& o) { return call("std::expm1", o[0]); }, method("expm1")}},
-      {"aten::sigmoid", {1, [](auto& o) { return "(1 / (1 + std::exp(-" + o[0] + ")))"; },
-                         [](auto& o) { return "(Vec(1) / (Vec(1) + (" + o[0] + ").neg().exp()))"; }}},
-      {"aten::silu", {1, [](auto& o) { return "(" + o[0] + " / (1 + std::exp(-" + o[0] + ")))"; },
-                      [](auto& o) { return "(" + o[0] + " / (Vec(1) + (" + o[0] + ").neg().exp()))"; }}},
-      {"aten::relu", {1, [](auto& o) { return "nx_relu(" + o[0] + ")"; },
-                      [](auto& o) { return "at::vec::clamp_min(" + o[0] + ", Vec(0))"; }}},
-  };
-  return *t;
-}
-
 std::string literal(const c10::IValue& v, const char* ct) {
   std::ostringstream os;
   os << std::setprecision(17);
@@ -115,12 +57,12 @@ bool lowerable(const Graph& g, const Node& n) {
   if (n.kind != Node::Kind::kAten || n.outputs.size() != 1) return false;
   const Value& out = g.values[n.outputs[0]];
   if (out.kind != Value::Kind::kTensor || !out.meta || !supported_dtype(out.meta->dtype)) return false;
-  if (n.target == "aten::gelu")
+  if (n.id == OpId::kGelu)
     return tensor_operand(g, n.args[0], *out.meta) && n.args[1].kind == Arg::Kind::kConstant;
-  auto it = table().find(n.target);
-  if (it == table().end()) return false;
+  const OpInfo& l = op_info(n.id);
+  if (l.operands == 0) return false;
   bool any_tensor = false;
-  for (int i = 0; i < it->second.operands; ++i) {
+  for (int i = 0; i < l.operands; ++i) {
     if (!operand(g, n.args[i], *out.meta)) return false;
     any_tensor = any_tensor || tensor_operand(g, n.args[i], *out.meta);
   }
@@ -199,10 +141,10 @@ std::map<int, std::string> emit_body(std::ostringstream& os, const Graph& g, con
   for (int ni : b.nodes) {
     const Node& n = g.nodes[ni];
     std::string e;
-    if (n.target == "aten::gelu") {
+    if (n.id == OpId::kGelu) {
       e = gelu_expr(operand(n.args[0]), n.args[1].constant.toStringRef() == "tanh", vec, ct);
     } else {
-      const Lowering& l = table().at(n.target);
+      const OpInfo& l = op_info(n.id);
       std::vector<std::string> ops;
       for (int i = 0; i < l.operands; ++i) ops.push_back(operand(n.args[i]));
       e = vec ? l.vexpr(ops) : l.expr(ops);
@@ -266,8 +208,8 @@ class RowKernel {
       : g_(g),
         group_(group),
         red_(group.reduction >= 0 ? &g.nodes[group.reduction] : nullptr),
-        layer_norm_(red_ && red_->target == "aten::native_layer_norm"),
-        log_softmax_(red_ && red_->target == "aten::_log_softmax"),
+        layer_norm_(red_ && op_info(red_->id).reduction == Reduction::kLayerNorm),
+        log_softmax_(red_ && op_info(red_->id).reduction == Reduction::kLogSoftmax),
         bf16_(group.dtype == c10::ScalarType::BFloat16),
         x_(red_ ? red_->args[0].value : -1),
         loss_(loss_node(g, group)),
@@ -486,14 +428,15 @@ bool lowerable_reduction(const Graph& g, const Node& n) {
     const Value& v = g.values[o];
     if (v.kind != Value::Kind::kTensor || !v.meta || v.meta->dtype != c10::ScalarType::Float) return false;
   }
-  if (n.target == "aten::_softmax" || n.target == "aten::_log_softmax") {
+  const Reduction kind = op_info(n.id).reduction;
+  if (kind == Reduction::kSoftmax || kind == Reduction::kLogSoftmax) {
     if (n.args.size() != 3 || n.args[1].kind != Arg::Kind::kConstant || !n.args[1].constant.isInt() ||
         n.args[2].kind != Arg::Kind::kConstant || !n.args[2].constant.isBool() || n.args[2].constant.toBool())
       return false;
     const int64_t dim = n.args[1].constant.toInt();
     return dim == -1 || dim == rank - 1;
   }
-  if (n.target != "aten::native_layer_norm" || n.args.size() != 5 || n.outputs.size() != 3) return false;
+  if (kind != Reduction::kLayerNorm || n.args.size() != 5 || n.outputs.size() != 3) return false;
   // normalized_shape: the last dim alone.
   const Arg& ns = n.args[1];
   std::vector<int64_t> shape;
@@ -518,8 +461,8 @@ bool lowerable_reduction(const Graph& g, const Node& n) {
 }
 
 bool lowerable_loss(const Graph& g, const Node& n, const Node& red) {
-  if (n.kind != Node::Kind::kAten || n.target != "aten::nll_loss_forward" || n.args.size() != 5 ||
-      n.outputs.size() != 2 || red.target != "aten::_log_softmax" || n.args[0].kind != Arg::Kind::kValue ||
+  if (n.kind != Node::Kind::kAten || !op_info(n.id).loss || n.args.size() != 5 || n.outputs.size() != 2 ||
+      op_info(red.id).reduction != Reduction::kLogSoftmax || n.args[0].kind != Arg::Kind::kValue ||
       n.args[0].value != red.outputs[0] || n.args[1].kind != Arg::Kind::kValue)
     return false;
   const TensorMeta& lsm = *g.values[red.outputs[0]].meta;
@@ -559,7 +502,7 @@ std::vector<Operand> operand_kinds(const Graph& g, const FusionGroup& grp) {
   if (const int l = loss_node(g, grp); l >= 0)
     for (size_t k = 0; k < grp.tensor_inputs.size(); ++k)
       if (grp.tensor_inputs[k] == g.nodes[l].args[1].value) kinds[k] = Operand::kRowIndex;
-  if (grp.reduction >= 0 && g.nodes[grp.reduction].target == "aten::native_layer_norm") {
+  if (grp.reduction >= 0 && op_info(g.nodes[grp.reduction].id).reduction == Reduction::kLayerNorm) {
     size_t k = kinds.size();
     for (int a = 3; a >= 2; --a)
       if (g.nodes[grp.reduction].args[a].kind == Arg::Kind::kValue) kinds[--k] = Operand::kColumn;

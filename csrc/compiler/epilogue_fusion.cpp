@@ -60,16 +60,12 @@ bool dense_2d(const TensorMeta& m, bool transposed) {
 
 // The oneDNN post-op computing this node from its first operand, or "" if none does.
 std::string unary_attr(const Node& n, std::string& algorithm) {
-  if (n.target == "aten::relu") return "relu";
-  if (n.target == "aten::silu") return "swish";
-  if (n.target == "aten::tanh") return "tanh";
-  if (n.target == "aten::sigmoid") return "sigmoid";
-  if (n.target == "aten::gelu" && n.args.size() == 2 && n.args[1].kind == Arg::Kind::kConstant &&
-      n.args[1].constant.isString()) {
-    algorithm = n.args[1].constant.toStringRef();
-    return algorithm == "none" || algorithm == "tanh" ? "gelu" : "";
-  }
-  return "";
+  const OpInfo& i = op_info(n.id);
+  if (n.id != OpId::kGelu) return i.post_op;
+  // gelu: oneDNN's post-op takes its exact and tanh forms, named by the argument.
+  if (n.args.size() != 2 || n.args[1].kind != Arg::Kind::kConstant || !n.args[1].constant.isString()) return "";
+  algorithm = n.args[1].constant.toStringRef();
+  return algorithm == "none" || algorithm == "tanh" ? i.post_op : "";
 }
 
 // A float32 2-D convolution oneDNN's fused op takes as it is: contiguous NCHW input and
@@ -111,7 +107,7 @@ bool convolution_eligible(const Graph& g, const Node& n) {
 // A float32 mm/addmm oneDNN's linear takes and beats ATen's BLAS call on: row-major left
 // operand, row- or column-major right operand, large enough, and (addmm) a plain bias vector.
 bool gemm_eligible(const Graph& g, const Node& n) {
-  const bool addmm = n.target == "aten::addmm";
+  const bool addmm = op_info(n.id).gemm == Gemm::kAddmm;
   const int ai = addmm ? 1 : 0;
   const TensorMeta *a = tensor_meta(g, n.args[ai]), *b = tensor_meta(g, n.args[ai + 1]);
   const TensorMeta* out = g.values[n.outputs[0]].meta ? &*g.values[n.outputs[0]].meta : nullptr;
@@ -161,7 +157,7 @@ std::vector<bool> escaping_values(const Graph& g) {
   for (size_t i = g.nodes.size(); i-- > 0;) {
     const Node& n = g.nodes[i];
     if (n.kind != Node::Kind::kAten || n.args.empty() || n.args[0].kind != Arg::Kind::kValue) continue;
-    bool view = n.target == "aten::_unsafe_view";
+    bool view = op_info(n.id).reshape_view;  // _unsafe_view has no alias annotation
     for (const auto& r : n.op->schema().returns()) view = view || r.alias_info() != nullptr;
     for (int o : n.outputs)
       if (view && escapes[o]) escapes[n.args[0].value] = true;
@@ -179,7 +175,7 @@ void find_epilogue(const Graph& g, const std::vector<std::vector<int>>& readers,
   const TensorMeta* out = &*g.values[n.outputs[0]].meta;
   int chain = n.outputs[0], reader = only_reader(chain);
   if (reader >= 0 && !convolution &&
-      (g.nodes[reader].target == "aten::view" || g.nodes[reader].target == "aten::_unsafe_view") &&
+      op_info(g.nodes[reader].id).reshape_view &&
       g.nodes[reader].args[0].kind == Arg::Kind::kValue && g.nodes[reader].args[0].value == chain) {
     m.view = reader;
     chain = g.nodes[reader].outputs[0];
@@ -195,7 +191,7 @@ void find_epilogue(const Graph& g, const std::vector<std::vector<int>>& readers,
     m.epilogue = reader;
     m.attr = attr;
     m.algorithm = algorithm;
-  } else if (em && em->dtype == out->dtype && e.target == "aten::add.Tensor" && e.args.size() == 3 &&
+  } else if (em && em->dtype == out->dtype && e.id == OpId::kAdd && e.args.size() == 3 &&
              is_one(e.args[2])) {
     for (int k = 0; k < 2 && m.epilogue < 0; ++k) {
       const Arg &x = e.args[k], &y = e.args[1 - k];
@@ -217,9 +213,9 @@ Matches match_epilogues(const Graph& g) {
   Matches ms;
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     const Node& n = g.nodes[i];
-    const bool mm = n.target == "aten::mm", addmm = n.target == "aten::addmm";
-    const bool convolution = n.target == "aten::convolution";
-    if (n.kind != Node::Kind::kAten || (!mm && !addmm && !convolution) || n.outputs.size() != 1) continue;
+    const Gemm kind = op_info(n.id).gemm;
+    const bool convolution = kind == Gemm::kConvolution;
+    if (n.kind != Node::Kind::kAten || kind == Gemm::kNone || n.outputs.size() != 1) continue;
     if (convolution && !convolution_eligible(g, n)) continue;
     if (!convolution && !gemm_eligible(g, n)) continue;
     Match m;
@@ -297,13 +293,14 @@ class Rewrite {
     n.op = h;
     const auto& s = h.schema();
     n.target = s.name() + (s.overload_name().empty() ? "" : "." + s.overload_name());
+    n.id = op_id(n.target);
     n.args = std::move(args);
     n.outputs = {output};
     return n;
   }
 
   void emit(const Match& m, std::vector<Node>& out) {
-    if (g_.nodes[m.gemm].target == "aten::convolution") return emit_convolution(m, out);
+    if (op_info(g_.nodes[m.gemm].id).gemm == Gemm::kConvolution) return emit_convolution(m, out);
     emit_linear(m, out);
   }
 
@@ -333,7 +330,7 @@ class Rewrite {
   // weight = bᵀ (a view), then oneDNN's linear.
   void emit_linear(const Match& m, std::vector<Node>& out) {
     const Node& n = g_.nodes[m.gemm];
-    const bool addmm = n.target == "aten::addmm";
+    const bool addmm = op_info(n.id).gemm == Gemm::kAddmm;
     const int ai = addmm ? 1 : 0;
     const int gemm_out = n.outputs[0];
     const TensorMeta& b = *g_.values[n.args[ai + 1].value].meta;

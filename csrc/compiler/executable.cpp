@@ -19,10 +19,10 @@ namespace {
 
 // The out= overload of a functional op that returns one fresh tensor: the same
 // arguments plus `out`, with a CPU (or composite) kernel.
-std::optional<c10::OperatorHandle> out_overload(const c10::OperatorHandle& op) {
-  const auto& s = op.schema();
+std::optional<c10::OperatorHandle> out_overload(const Node& n) {
+  const auto& s = n.op->schema();
   if (s.returns().size() != 1 || s.returns()[0].alias_info() || s.is_mutable() ||
-      s.returns()[0].type()->kind() != c10::TypeKind::TensorType || s.name() == "aten::_unsafe_view")
+      s.returns()[0].type()->kind() != c10::TypeKind::TensorType || op_info(n.id).reshape_view)
     return std::nullopt;
   const std::string ov = s.overload_name();
   for (const std::string& name : {ov.empty() ? std::string("out") : ov + "_out", std::string("out")}) {
@@ -46,9 +46,8 @@ std::optional<c10::OperatorHandle> out_overload(const c10::OperatorHandle& op) {
 // Ops whose results share their first tensor operand's memory.
 bool is_view(const Node& n) {
   if (n.kind != Node::Kind::kAten) return false;
-  const auto& s = n.op->schema();
-  if (s.name() == "aten::_unsafe_view") return true;  // no alias annotation, but a view
-  for (const auto& r : s.returns())
+  if (op_info(n.id).reshape_view) return true;  // _unsafe_view: no alias annotation, but a view
+  for (const auto& r : n.op->schema().returns())
     if (r.alias_info()) return true;
   return false;
 }
@@ -79,7 +78,7 @@ Executable::Executable(Graph g, std::vector<FusionGroup> groups, std::vector<Ker
     const Node& n = graph_.nodes[i];
     if (n.kind == Node::Kind::kAten && n.fused_group < 0 && n.neuron_kernel == Node::NeuronKernel::kNever &&
         n.outputs.size() == 1 && graph_.values[n.outputs[0]].kind == Value::Kind::kTensor)
-      out_op_[i] = out_overload(*n.op);
+      out_op_[i] = out_overload(n);
   }
   fold_constants();
   // Launch list: a group runs where its last node stood.

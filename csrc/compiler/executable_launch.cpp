@@ -86,23 +86,23 @@ std::vector<c10::IValue> Executable::launch(const std::vector<c10::IValue>& inpu
   // Scalar ops (symbolic sizes and floats) are host work: evaluate them now.
   for (const auto& n : g.nodes) {
     if (n.kind != Node::Kind::kScalarOp) continue;
-    if (n.target == "sym_size" || n.target == "sym_stride" || n.target == "sym_numel") {
+    if (n.id == OpId::kSymSize || n.id == OpId::kSymStride || n.id == OpId::kSymNumel) {
       const int tv = n.args[0].value;
       int64_t r;
       if (input_of[tv] >= 0) {
         const at::Tensor& t = inputs[input_of[tv]].toTensor();
-        r = n.target == "sym_numel" ? t.numel()
-            : n.target == "sym_size" ? t.size(n.args[1].constant.toInt())
+        r = n.id == OpId::kSymNumel ? t.numel()
+            : n.id == OpId::kSymSize ? t.size(n.args[1].constant.toInt())
                                       : t.stride(n.args[1].constant.toInt());
       } else {
         const TensorMeta& m = *g.values[tv].meta;
-        if (n.target == "sym_numel") {
+        if (n.id == OpId::kSymNumel) {
           double p = 1;
           for (const auto& e : m.sizes) p *= e.eval(sym_values, sym_names);
           r = static_cast<int64_t>(p);
         } else {
           int64_t dim = n.args[1].constant.toInt();
-          const auto& es = n.target == "sym_size" ? m.sizes : m.strides;
+          const auto& es = n.id == OpId::kSymSize ? m.sizes : m.strides;
           if (dim < 0) dim += static_cast<int64_t>(es.size());
           r = static_cast<int64_t>(es.at(dim).eval(sym_values, sym_names));
         }
@@ -112,7 +112,7 @@ std::vector<c10::IValue> Executable::launch(const std::vector<c10::IValue>& inpu
     }
     std::vector<c10::IValue> a;
     for (const auto& arg : n.args) a.push_back(arg.kind == Arg::Kind::kValue ? env[arg.value] : arg.constant);
-    env[n.outputs[0]] = scalar_op(n.target, a);
+    env[n.outputs[0]] = op_info(n.id).scalar(a);  // present: checked when the graph was built
   }
   // Outputs: device tensors allocated now, so the caller gets them before the program runs.
   std::vector<c10::IValue> results;

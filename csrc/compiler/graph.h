@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "compiler/op_table.h"
+
 namespace neuronx::compiler {
 
 // A size or scalar that may depend on runtime symbols: a tiny postfix program
@@ -42,6 +44,7 @@ struct Node {
   enum class Kind : uint8_t { kAten, kScalarOp } kind = Kind::kAten;
   std::optional<c10::OperatorHandle> op;  // kAten
   std::string target;                     // "aten::add.Tensor", or a scalar op ("mul", "sym_size")
+  OpId id = OpId::kOther;                 // the target in the op table (op_table.h)
   std::vector<Arg> args;                  // schema order, defaults filled in (kAten)
   std::vector<int> outputs;               // value ids this node defines
   int fused_group = -1;                   // set by the fusion pass

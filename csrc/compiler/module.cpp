@@ -112,8 +112,12 @@ Graph to_graph(const py::dict& desc) {
       auto h = dispatcher.findSchema({name, overload});
       TORCH_CHECK(h, "torch_neuronx compiler: unknown operator ", n.target);
       n.op = *h;
-      if (name.find("_overrideable") != std::string::npos) n.neuron_kernel = Node::NeuronKernel::kAlways;
-      else if (name == "aten::histc") n.neuron_kernel = Node::NeuronKernel::kIntegralInput;
+      n.id = op_id(n.target);
+      switch (op_info(n.id).not_lowered) {
+        case NotLowered::kNeuronKernel: n.neuron_kernel = Node::NeuronKernel::kAlways; break;
+        case NotLowered::kNeuronKernelForIntegralInput: n.neuron_kernel = Node::NeuronKernel::kIntegralInput; break;
+        case NotLowered::kCpuKernel: break;
+      }
       const auto& formals = h->schema().arguments();
       for (size_t i = 0; i < formals.size(); ++i) {
         const auto& f = formals[i];
@@ -131,6 +135,10 @@ Graph to_graph(const py::dict& desc) {
       }
     } else {
       n.kind = Node::Kind::kScalarOp;
+      n.id = op_id(n.target);
+      TORCH_CHECK(n.id == OpId::kSymSize || n.id == OpId::kSymStride || n.id == OpId::kSymNumel ||
+                      op_info(n.id).scalar,
+                  "torch_neuronx compiler: no runtime support for the scalar op ", n.target);
       for (auto a : args) n.args.push_back(to_arg(a, c10::AnyType::get()));
     }
     g.nodes.push_back(std::move(n));
@@ -160,6 +168,28 @@ py::object ivalue_to_py(const c10::IValue& v) {
 
 void bind(py::module& parent) {
   py::module m = parent.def_submodule("_compiler", "the neuron graph compiler");
+  m.def("_op_table", [] {
+    static const char* reductions[] = {"", "softmax", "log_softmax", "layer_norm"};
+    static const char* gemms[] = {"", "mm", "addmm", "convolution"};
+    static const char* not_lowered[] = {"cpu_kernel", "neuron_kernel", "neuron_kernel_for_integral_input"};
+    py::list out;
+    for (const OpInfo& i : op_table()) {
+      if (i.id == OpId::kOther) continue;
+      py::dict d;
+      d["target"] = i.target;
+      d["pointwise"] = i.pointwise();
+      d["reduction"] = reductions[static_cast<int>(i.reduction)];
+      d["loss"] = i.loss;
+      d["post_op"] = i.post_op;
+      d["gemm"] = gemms[static_cast<int>(i.gemm)];
+      d["reshape_view"] = i.reshape_view;
+      d["not_lowered"] = not_lowered[static_cast<int>(i.not_lowered)];
+      d["keep_whole"] = i.keep_whole;
+      d["scalar"] = static_cast<bool>(i.scalar);
+      out.append(d);
+    }
+    return out;
+  }, "The compiler's op table: what it knows about each op (op_table.h)");
   py::class_<Executable, std::shared_ptr<Executable>>(m, "Executable")
       .def("__call__",
            [](const Executable& e, const py::list& inputs) {

@@ -99,7 +99,7 @@ int simplify_views(Graph& g) {
       if (!m || !m->is_static_contiguous()) continue;
       n.args[0].value = base;
       ++rewritten;
-    } else if (n.target == "aten::permute" && p.target == "aten::permute") {
+    } else if (n.id == OpId::kPermute && p.id == OpId::kPermute) {
       std::vector<int64_t> outer, inner;
       if (!constant_ints(n.args[1], outer) || !constant_ints(p.args[1], inner) || outer.size() != inner.size())
         continue;
@@ -286,7 +286,7 @@ FusionGroup make_group(const Graph& g, std::vector<int> nodes, int reduction, co
   std::set<int> seen_in, seen_scalar;
   std::vector<int> columns;  // the reduction's weight and bias
   if (reduction >= 0)
-    for (size_t a = 2; a < 4 && g.nodes[reduction].target == "aten::native_layer_norm"; ++a)
+    for (size_t a = 2; a < 4 && op_info(g.nodes[reduction].id).reduction == Reduction::kLayerNorm; ++a)
       if (g.nodes[reduction].args[a].kind == Arg::Kind::kValue) columns.push_back(g.nodes[reduction].args[a].value);
   for (int ni : grp.nodes)
     for_each_value(g.nodes[ni], [&](int v) {

@@ -16,17 +16,14 @@ from .output_code import EagerOutputCode, NeuronOutputCode
 
 aten = torch.ops.aten
 
-# Ops the compiler runs better whole (one library kernel) than decomposed into core ATen.
-KEEP_WHOLE = [
-    aten.native_layer_norm, aten.native_layer_norm_backward, aten._softmax, aten._softmax_backward_data,
-    aten._log_softmax, aten._log_softmax_backward_data, aten.nll_loss_forward, aten.nll_loss_backward,
-    aten.native_batch_norm, aten.native_batch_norm_backward, aten._native_batch_norm_legit,
-    aten._native_batch_norm_legit_functional, aten._native_batch_norm_legit_no_training,
-    aten.convolution_backward, aten.embedding_dense_backward, aten.addmm, aten.mm, aten.bmm, aten.baddbmm,
-    aten.matmul, aten.linear, aten.gelu, aten.gelu_backward, aten.silu, aten.silu_backward, aten.mse_loss,
-    aten.mse_loss_backward, aten.native_group_norm, aten.native_group_norm_backward, aten.cross_entropy_loss,
-    aten._scaled_dot_product_flash_attention_for_cpu, aten._scaled_dot_product_flash_attention_for_cpu_backward,
-]
+
+def keep_whole():
+    """The ops the compiler runs better whole (lowered, or one library kernel) than decomposed into
+    core ATen: the entries of its op table marked keep_whole."""
+    from .. import _C
+
+    return [getattr(aten, e["target"].split("::", 1)[1].split(".", 1)[0])
+            for e in _C._compiler._op_table() if e["keep_whole"]]
 
 
 @functools.lru_cache(None)
@@ -34,7 +31,7 @@ def decompositions():
     from torch._decomp import core_aten_decompositions
 
     table = dict(core_aten_decompositions())
-    for packet in KEEP_WHOLE:
+    for packet in keep_whole():
         for overload in packet.overloads():
             table.pop(getattr(packet, overload), None)
     table.update(NEURON_DECOMPOSITIONS)

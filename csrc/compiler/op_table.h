@@ -1,0 +1,80 @@
+#pragma once
+// What the compiler knows about each op, in one table: a node's target is
+// mapped to an OpId when the graph is built, and passes, code generation and
+// the executable ask the table instead of comparing names. Its clients: the
+// compile tier's passes and code generator today; the adaptive-eager tier and
+// the kernel language generate code from the same lowerings.
+#include <ATen/core/ivalue.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace neuronx::compiler {
+
+enum class OpId : uint8_t {
+  kOther = 0,  // not in the table: a library call
+  // Pointwise, lowered.
+  kAdd, kSub, kAddScalar, kSubScalar, kMul, kMulScalar, kDiv, kDivScalar, kMaximum, kMinimum, kPowTensorScalar,
+  kNeg, kAbs, kExp, kLog, kSqrt, kRsqrt, kReciprocal, kSin, kCos, kTanh, kErf, kLog1p, kExpm1, kSigmoid, kSilu,
+  kRelu, kGelu,
+  // Row reductions and the loss fused after log_softmax.
+  kSoftmax, kLogSoftmax, kLayerNorm, kNllLossForward,
+  // GEMMs and convolutions (epilogue fusion onto oneDNN).
+  kMm, kAddmm, kConvolution,
+  // Views the passes look through.
+  kView, kUnsafeView, kPermute,
+  // Run by our neuron kernels instead of CPU's (see Node::neuron_kernel).
+  kHistc, kFusedAttentionOverrideable, kFusedAttentionOverrideableBackward,
+  // Kept whole by the decompositions: one library kernel beats its decomposition.
+  kLayerNormBackward, kSoftmaxBackward, kLogSoftmaxBackward, kNllLossBackward, kBatchNorm, kBatchNormBackward,
+  kBatchNormLegit, kBatchNormLegitFunctional, kBatchNormLegitNoTraining, kConvolutionBackward,
+  kEmbeddingDenseBackward, kBmm, kBaddbmm, kMatmul, kLinear, kGeluBackward, kSiluBackward, kMseLoss,
+  kMseLossBackward, kGroupNorm, kGroupNormBackward, kCrossEntropyLoss, kFlashAttentionCpu,
+  kFlashAttentionCpuBackward,
+  // Scalar ops Dynamo leaves over symbolic sizes and floats (host work at launch).
+  kSymSize, kSymStride, kSymNumel, kScalarAdd, kScalarSub, kScalarMul, kScalarTrueDiv, kScalarFloorDiv, kScalarMod,
+  kScalarNeg, kScalarPow, kSymFloat, kSymInt, kTrunc, kFloor, kCeil, kScalarSqrt, kSymMax, kSymMin, kEq, kNe, kLt,
+  kLe, kGt, kGe,
+  kCount
+};
+
+// C++ source over operand expressions.
+using Expr = std::function<std::string(const std::vector<std::string>&)>;
+// A scalar op over its (number) arguments.
+using ScalarFn = std::function<c10::IValue(const std::vector<c10::IValue>&)>;
+
+enum class Reduction : uint8_t { kNone, kSoftmax, kLogSoftmax, kLayerNorm };
+enum class Gemm : uint8_t { kNone, kMm, kAddmm, kConvolution };
+// How a node runs when it is not lowered: ATen's CPU kernel on the device's
+// memory, or our neuron kernel (written against ATen ops) on the CPU views.
+enum class NotLowered : uint8_t { kCpuKernel, kNeuronKernel, kNeuronKernelForIntegralInput };
+
+struct OpInfo {
+  OpId id = OpId::kOther;
+  const char* target = "";  // "aten::add.Tensor"; scalar ops: "add", "sym_size"
+  // Pointwise lowering: `operands` leading args (tensors or numbers); expr in scalar C++,
+  // vexpr over at::vec::Vectorized (ATen's own vectorized math). gelu's depends on its
+  // `approximate` argument (gelu_expr in codegen.cpp).
+  int operands = 0;
+  Expr expr, vexpr;
+  Reduction reduction = Reduction::kNone;
+  bool loss = false;           // the nll_loss fused after a log_softmax row group
+  const char* post_op = "";    // the oneDNN eltwise post-op an epilogue of this op becomes
+  Gemm gemm = Gemm::kNone;
+  bool reshape_view = false;   // a view that only reshapes (the view between a GEMM and its epilogue)
+  NotLowered not_lowered = NotLowered::kCpuKernel;
+  bool keep_whole = false;     // the decompositions leave it whole
+  ScalarFn scalar;             // scalar ops
+  bool pointwise() const { return operands > 0 || id == OpId::kGelu; }
+};
+
+// The op a node target names (OpId::kOther when the table does not list it).
+OpId op_id(std::string_view target);
+const OpInfo& op_info(OpId id);
+// Every entry, in OpId order (exported to Python).
+const std::vector<OpInfo>& op_table();
+
+}  // namespace neuronx::compiler
