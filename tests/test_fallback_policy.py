@@ -130,3 +130,14 @@ def test_probe_scalars_flag_warns_at_the_op_like_cpu():
     t.random_(-(2**40), 2**40)  # first call of the signature (runs inline)
     for _ in range(2):  # queued calls warn at the op too, once, as CPU does
         assert messages(t) == cpu and len(cpu) >= 1
+
+
+def test_host_copy_flags_copy_quantized_tensors_both_ways():
+    q = torch.quantize_per_tensor(torch.linspace(-2, 2, 12), 0.05, 3, torch.qint8)
+    on_device = q.to("neuron")  # _copy_from: the host copy on the aliases
+    assert on_device.device.type == "neuron" and on_device.is_quantized
+    back = on_device.cpu()
+    assert torch.equal(back.int_repr(), q.int_repr()) and back.q_scale() == q.q_scale()
+    flags = dict((op, f) for op, f, _ in _POLICIES)
+    assert flags["aten::_copy_from"] == "host_copy"
+    assert flags["aten::_copy_from_and_resize"] == "host_copy,host_copy_resize"

@@ -57,6 +57,10 @@ const FallbackPolicy kPolicies[] = {
     {"aten::masked_scatter_", kMaskToSelf,
      "the CPU kernel expands the mask to self, which the meta kernel does not check: a mask that would grow "
      "self raises at the op"},
+    {"aten::_copy_from", kHostCopy,
+     "quantized tensors: the backend's half of copy_ (CPU has no kernel for it) is a copy between the host aliases"},
+    {"aten::_copy_from_and_resize", kHostCopy | kHostCopyResize,
+     "quantized tensors: as _copy_from, after resizing the destination to the source's sizes"},
     {"aten::conj_physical_", kRouteDirect,
      "its CompositeExplicitAutograd kernel calls a CPU dispatch stub on the neuron tensor"},
     {"aten::mode.values", kRouteDirect,
@@ -92,6 +96,7 @@ std::string policy_flag_names(uint32_t flags) {
       {kFloatValuesShape, "float_values_shape"}, {kSyncOnly, "sync_only"},
       {kEvalStatsEmpty, "eval_stats_empty"},     {kRouteDirect, "route_direct"},
       {kProbeScalars, "probe_scalars"},          {kMaskToSelf, "mask_to_self"},
+      {kHostCopy, "host_copy"},                  {kHostCopyResize, "host_copy_resize"},
   };
   std::string out;
   for (const auto& [f, n] : kNames)

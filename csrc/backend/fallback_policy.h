@@ -21,6 +21,8 @@ enum PolicyFlag : uint32_t {
   kRouteDirect = 1u << 7,       // composite kernel calls CPU stubs on its arguments
   kProbeScalars = 1u << 8,      // CPU checks scalar values the meta kernel does not
   kMaskToSelf = 1u << 9,        // in place: the mask (operand 1) must broadcast to self
+  kHostCopy = 1u << 10,         // quantized tensors: copy_'s backend half runs as a host copy
+  kHostCopyResize = 1u << 11,   // ... and resizes the destination first
 };
 
 struct FallbackPolicy {

@@ -16,6 +16,7 @@
 
 #include <cstring>
 
+#include "backend/fallback_policy.h"
 #include "backend/registration.h"
 #include "backend/host_kernels.h"
 #include "backend/ivalue_map.h"
@@ -112,11 +113,10 @@ void quantized_fallback(const c10::OperatorHandle& op, c10::Stack* stack) {
   translate([&] { q.synchronize(); });
   {
     at::AutoDispatchBelowADInplaceOrView below;
-    static const c10::OperatorName copy_from("aten::_copy_from", ""), copy_resize("aten::_copy_from_and_resize", "");
-    if (op.operator_name() == copy_from || op.operator_name() == copy_resize) {
-      // A backend's half of copy_ (CPU has none): the host copy on the aliases.
+    const uint32_t policy = policy_flags(op.operator_name().name, op.operator_name().overload_name);
+    if (policy & kHostCopy) {
       at::Tensor dst = host[1].toTensor();
-      if (op.operator_name() == copy_resize && dst.sizes() != host[0].toTensor().sizes())
+      if ((policy & kHostCopyResize) && dst.sizes() != host[0].toTensor().sizes())
         dst.resize_(host[0].toTensor().sizes());
       dst.copy_(host[0].toTensor());
       host.resize(1);
