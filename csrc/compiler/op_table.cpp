@@ -71,10 +71,14 @@ OpInfo compare(OpId id, const char* target, bool (*f)(double, double)) {
   return scalar(id, target, [f](const auto& a) { return c10::IValue(f(x(a, 0), x(a, 1))); });
 }
 
-std::vector<OpInfo> build() {
-  std::vector<OpInfo> t(static_cast<size_t>(OpId::kCount));
-  auto put = [&](OpInfo i) { t[static_cast<size_t>(i.id)] = std::move(i); };
-  // Pointwise lowerings.
+using Table = std::vector<OpInfo>;
+
+void set_entry(Table& t, OpInfo i) { t[static_cast<size_t>(i.id)] = std::move(i); }
+OpInfo& at(Table& t, OpId id) { return t[static_cast<size_t>(id)]; }
+
+// Pointwise lowerings, and the oneDNN post-ops of the activations an epilogue fuses.
+void add_pointwise(Table& t) {
+  auto put = [&](OpInfo i) { set_entry(t, std::move(i)); };
   put(pointwise(OpId::kAdd, "aten::add.Tensor", 3, alpha("+"), alpha("+")));
   put(pointwise(OpId::kSub, "aten::sub.Tensor", 3, alpha("-"), alpha("-")));
   put(pointwise(OpId::kAddScalar, "aten::add.Scalar", 3, alpha("+"), alpha("+")));
@@ -112,12 +116,17 @@ std::vector<OpInfo> build() {
                 [](auto& o) { return "at::vec::clamp_min(" + o[0] + ", Vec(0))"; }));
   put(whole(OpId::kGelu, "aten::gelu"));  // lowered by codegen's gelu_expr (its form is an argument)
   // oneDNN post-ops of the activations an epilogue fuses.
-  t[static_cast<size_t>(OpId::kRelu)].post_op = "relu";
-  t[static_cast<size_t>(OpId::kSilu)].post_op = "swish";
-  t[static_cast<size_t>(OpId::kTanh)].post_op = "tanh";
-  t[static_cast<size_t>(OpId::kSigmoid)].post_op = "sigmoid";
-  t[static_cast<size_t>(OpId::kGelu)].post_op = "gelu";
-  t[static_cast<size_t>(OpId::kSilu)].keep_whole = true;
+  at(t, OpId::kRelu).post_op = "relu";
+  at(t, OpId::kSilu).post_op = "swish";
+  at(t, OpId::kTanh).post_op = "tanh";
+  at(t, OpId::kSigmoid).post_op = "sigmoid";
+  at(t, OpId::kGelu).post_op = "gelu";
+  at(t, OpId::kSilu).keep_whole = true;
+}
+
+// Reductions, losses, GEMMs, views, and how ops that are not lowered run.
+void add_library_ops(Table& t) {
+  auto put = [&](OpInfo i) { set_entry(t, std::move(i)); };
   // Row reductions and the fused loss.
   for (auto [id, target, r] : {std::tuple{OpId::kSoftmax, "aten::_softmax", Reduction::kSoftmax},
                                std::tuple{OpId::kLogSoftmax, "aten::_log_softmax", Reduction::kLogSoftmax},
@@ -186,7 +195,10 @@ std::vector<OpInfo> build() {
            {OpId::kFlashAttentionCpu, "aten::_scaled_dot_product_flash_attention_for_cpu"},
            {OpId::kFlashAttentionCpuBackward, "aten::_scaled_dot_product_flash_attention_for_cpu_backward"}})
     put(whole(id, target));
-  // Scalar ops.
+}
+
+void add_scalar_ops(Table& t) {
+  auto put = [&](OpInfo i) { set_entry(t, std::move(i)); };
   put(plain(OpId::kSymSize, "sym_size"));
   put(plain(OpId::kSymStride, "sym_stride"));
   put(plain(OpId::kSymNumel, "sym_numel"));
@@ -213,6 +225,13 @@ std::vector<OpInfo> build() {
   put(compare(OpId::kLe, "le", [](double a, double b) { return a <= b; }));
   put(compare(OpId::kGt, "gt", [](double a, double b) { return a > b; }));
   put(compare(OpId::kGe, "ge", [](double a, double b) { return a >= b; }));
+}
+
+Table build() {
+  Table t(static_cast<size_t>(OpId::kCount));
+  add_pointwise(t);
+  add_library_ops(t);
+  add_scalar_ops(t);
   for (size_t i = 1; i < t.size(); ++i)
     TORCH_INTERNAL_ASSERT(t[i].id == static_cast<OpId>(i), "op table: OpId ", i, " has no entry");
   return t;
