@@ -53,12 +53,14 @@ def test_decompositions_leave_the_keep_whole_ops_whole():
     for packet in keep:
         for overload in packet.overloads():
             assert getattr(packet, overload) not in table, f"{packet}.{overload} is decomposed"
-    # Every other core ATen decomposition stays.
+    # Every other core ATen decomposition stays (aten's own: other namespaces, such as
+    # quantized_decomposed, register theirs when their modules are imported, which may be after
+    # the table was built).
     from torch._decomp import core_aten_decompositions
 
     core = core_aten_decompositions()
     kept = {getattr(p, o) for p in keep for o in p.overloads()}
     assert any(op in core for op in kept), "the keep-whole list removes nothing from core ATen's decompositions"
     for op in core:
-        if op not in kept:
+        if op not in kept and op.namespace == "aten":
             assert op in table, f"{op} lost its decomposition"
