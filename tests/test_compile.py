@@ -515,6 +515,36 @@ def test_dynamic_shapes_are_runtime_sizes_not_recompiles():
     assert m["compiles"] == 1 and m["recompiles"] == 0
 
 
+def test_symbolic_size_arithmetic_is_evaluated_per_launch():
+    # Floor division, modulo and products of symbols, and a scalar from sym_size: the size
+    # expressions are bytecode resolved when the graph was built, evaluated on int64 at launch.
+    def f(x):
+        n = x.shape[0]
+        halves = x[: (n // 2) * 2].reshape(n // 2, -1)
+        tail = x[n - (n % 3 + 2):]  # n % 3 + 2 rows: never 0 or 1, so no contiguity guard
+        return halves.sum(1) * n, tail.cos() + 1, x.new_ones(n * x.shape[1] // 3)
+
+    g = torch.compile(f, backend="neuron", dynamic=True)
+    for n in (7, 12, 31, 64):
+        x = torch.randn(n, 6)
+        got, want = g(x.to("neuron")), f(x)
+        for a, b in zip(got, want):
+            assert a.shape == b.shape
+            torch.testing.assert_close(a.cpu(), b, rtol=1e-5, atol=1e-5)
+    m = compile_metrics()
+    assert m["compiles"] == 1 and m["recompiles"] == 0 and m["eager_graphs"] == 0, {k: m[k] for k in ("compiles", "recompiles", "recompile_reasons", "eager_reasons")}
+
+
+@pytest.mark.parametrize("tokens,message", [(["s:s9"], "unbound symbol s9"), (["i:2", "^"], r"unknown size expression operator \^"),
+                                            (["i:2", "+"], "malformed size expression")])
+def test_a_bad_size_expression_is_rejected_when_the_graph_is_built(tokens, message):
+    from torch_neuronx import _C
+    desc = {"values": [("x", "tensor", (torch.float32, [tokens], [["i:1"]]))], "inputs": [(0, True)],
+            "symbols": [], "nodes": [], "outputs": [0]}
+    with pytest.raises(RuntimeError, match=message):
+        _C._compiler.compile(desc, "")
+
+
 @pytest.mark.parametrize("dynamic", [True, None])
 def test_changing_the_learning_rate_every_step_does_not_recompile(dynamic):
     # The learning rate is a runtime argument of the executable (a symbolic float). With

@@ -16,7 +16,7 @@ bool supported_dtype(c10::ScalarType t) {
 
 const char* compute_type(c10::ScalarType t) { return t == c10::ScalarType::Double ? "double" : "float"; }
 
-bool is_one(const SymExpr& e) { return e.is_constant() && e.eval({}, {}) == 1; }
+bool is_one(const SymExpr& e) { return e.is_constant() && e.value() == 1; }
 
 // A tensor operand of the node's dtype whose sizes broadcast to the node's shape (each of its
 // dims, aligned from the right, is the node's or a constant 1).
@@ -27,7 +27,7 @@ bool tensor_operand(const Graph& g, const Arg& a, const TensorMeta& out) {
     return false;
   const size_t lead = out.sizes.size() - v.meta->sizes.size();
   for (size_t d = 0; d < v.meta->sizes.size(); ++d)
-    if (v.meta->sizes[d].postfix != out.sizes[lead + d].postfix && !is_one(v.meta->sizes[d])) return false;
+    if (v.meta->sizes[d] != out.sizes[lead + d] && !is_one(v.meta->sizes[d])) return false;
   return true;
 }
 
@@ -445,7 +445,7 @@ bool lowerable_reduction(const Graph& g, const Node& n) {
            ns.items[0].constant.isInt())
     shape = {ns.items[0].constant.toInt()};
   const SymExpr& last = x.meta->sizes.back();
-  if (shape.size() != 1 || !last.is_constant() || static_cast<int64_t>(last.eval({}, {})) != shape[0]) return false;
+  if (shape.size() != 1 || !last.is_constant() || last.value() != shape[0]) return false;
   for (int a = 2; a < 4; ++a) {
     const Arg& p = n.args[a];
     if (p.kind == Arg::Kind::kConstant) {
@@ -454,7 +454,7 @@ bool lowerable_reduction(const Graph& g, const Node& n) {
     }
     const Value& v = g.values[p.value];
     if (v.kind != Value::Kind::kTensor || !v.meta || v.meta->dtype != c10::ScalarType::Float || v.meta->sizes.size() != 1 ||
-        v.meta->sizes[0].postfix != last.postfix)
+        v.meta->sizes[0] != last)
       return false;
   }
   return n.args[4].kind == Arg::Kind::kConstant && n.args[4].constant.isDouble();
@@ -468,7 +468,7 @@ bool lowerable_loss(const Graph& g, const Node& n, const Node& red) {
   const TensorMeta& lsm = *g.values[red.outputs[0]].meta;
   const Value& t = g.values[n.args[1].value];
   return lsm.sizes.size() == 2 && t.kind == Value::Kind::kTensor && t.meta && t.meta->dtype == c10::ScalarType::Long &&
-         t.meta->sizes.size() == 1 && t.meta->sizes[0].postfix == lsm.sizes[0].postfix &&
+         t.meta->sizes.size() == 1 && t.meta->sizes[0] == lsm.sizes[0] &&
          n.args[2].kind == Arg::Kind::kConstant && n.args[2].constant.isNone() && n.args[3].kind == Arg::Kind::kConstant &&
          n.args[3].constant.isInt() && n.args[3].constant.toInt() >= 0 && n.args[3].constant.toInt() <= 2 &&
          n.args[4].kind == Arg::Kind::kConstant && n.args[4].constant.isInt();

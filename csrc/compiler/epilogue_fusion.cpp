@@ -48,7 +48,7 @@ const TensorMeta* tensor_meta(const Graph& g, const Arg& a) {
   return v.kind == Value::Kind::kTensor && v.meta ? &*v.meta : nullptr;
 }
 
-double num(const SymExpr& e) { return e.eval({}, {}); }
+double num(const SymExpr& e) { return static_cast<double>(e.value()); }
 
 // A static 2-D float32 tensor with strides {rows: cols, cols: 1} (row-major) or, with
 // `transposed`, {1, rows}.

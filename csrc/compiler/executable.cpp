@@ -54,7 +54,7 @@ bool is_view(const Node& n) {
 
 std::vector<int64_t> static_ints(const std::vector<SymExpr>& es) {
   std::vector<int64_t> out;
-  for (const auto& e : es) out.push_back(static_cast<int64_t>(std::llround(e.eval({}, {}))));
+  for (const auto& e : es) out.push_back(e.value());
   return out;
 }
 
@@ -72,6 +72,13 @@ Executable::Executable(Graph g, std::vector<FusionGroup> groups, std::vector<Ker
   output_index_.assign(graph_.values.size(), -1);
   for (size_t i = 0; i < graph_.outputs.size(); ++i)
     if (graph_.outputs[i] >= 0 && output_index_[graph_.outputs[i]] < 0) output_index_[graph_.outputs[i]] = static_cast<int>(i);
+  arg_convs_.resize(graph_.nodes.size());
+  for (size_t i = 0; i < graph_.nodes.size(); ++i) {
+    const Node& n = graph_.nodes[i];
+    if (n.kind != Node::Kind::kAten) continue;
+    const auto& formals = n.op->schema().arguments();
+    for (size_t k = 0; k < n.args.size(); ++k) arg_convs_[i].push_back(arg_conv(formals[k], n.args[k]));
+  }
   out_op_.assign(graph_.nodes.size(), std::nullopt);
   out_failed_ = std::make_unique<std::atomic<bool>[]>(graph_.nodes.size());
   for (size_t i = 0; i < graph_.nodes.size(); ++i) {
@@ -209,6 +216,25 @@ void Executable::plan() {
   for (size_t v = 0; v < nv; ++v)
     if (root[v] != static_cast<int>(v)) candidate[v] = false;
   plan_ = plan_memory(graph_, candidate, first, last);
+}
+
+Executable::ArgConv Executable::arg_conv(const c10::Argument& formal, const Arg& a) {
+  c10::TypePtr type = formal.real_type();
+  if (auto o = type->cast<c10::OptionalType>()) type = o->getElementType();
+  const auto kind = type->kind();
+  if (kind == c10::TypeKind::GeneratorType) return ArgConv::kGenerator;
+  if (a.kind == Arg::Kind::kList) {
+    auto elem = type->castRaw<c10::ListType>()->getElementType();
+    if (elem->kind() == c10::TypeKind::TensorType) return ArgConv::kTensorList;
+    if (elem->cast<c10::OptionalType>()) return ArgConv::kOptionalTensorList;
+    if (elem->kind() == c10::TypeKind::FloatType) return ArgConv::kFloatList;
+    if (elem->kind() == c10::TypeKind::BoolType) return ArgConv::kBoolList;
+    return ArgConv::kIntList;  // int[] / SymInt[]
+  }
+  if (kind == c10::TypeKind::TensorType) return ArgConv::kTensor;  // a number there is wrapped
+  if (kind == c10::TypeKind::IntType) return ArgConv::kInt;        // a symbolic float rounds
+  if (kind == c10::TypeKind::DeviceObjType) return ArgConv::kDevice;  // neuron runs on CPU views
+  return ArgConv::kAsIs;
 }
 
 int Executable::out_calls() const {

@@ -51,6 +51,13 @@ class __attribute__((visibility("hidden"))) Executable : public std::enable_shar
   at::Tensor destination(int v, const std::vector<at::Tensor>& outputs, char* arena) const;
   void plan();
   void fold_constants();
+  // How run_node turns an operand into the value the op's schema takes: decided per argument
+  // when the executable is built, from the schema's formal types.
+  enum class ArgConv : uint8_t {
+    kAsIs, kGenerator, kTensorList, kOptionalTensorList, kFloatList, kBoolList, kIntList, kTensor, kInt, kDevice
+  };
+  static ArgConv arg_conv(const c10::Argument& formal, const Arg& a);
+  std::vector<std::vector<ArgConv>> arg_convs_;  // per node (aten nodes; empty for scalar ops)
   Graph graph_;
   std::vector<FusionGroup> groups_;
   std::vector<KernelFn> kernels_;

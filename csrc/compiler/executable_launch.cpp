@@ -59,13 +59,20 @@ std::vector<c10::IValue> Executable::launch(const std::vector<c10::IValue>& inpu
       break;
     }
   const c10::DeviceIndex d = dev ? *dev : current_device();
-  // Symbols from the inputs.
-  std::vector<double> sym_values;
-  std::vector<std::string> sym_names;
+  // Symbols from the inputs, by index (size expressions were resolved when the graph was built).
+  std::vector<int64_t> sym_ints;
+  std::vector<double> sym_floats;
+  sym_ints.reserve(g.symbols.size());
+  sym_floats.reserve(g.symbols.size());
   for (const auto& s : g.symbols) {
     const c10::IValue& v = inputs[s.input];
-    sym_names.push_back(s.name);
-    sym_values.push_back(s.dim < 0 ? as_double(v) : static_cast<double>(v.toTensor().size(s.dim)));
+    if (s.dim >= 0) {
+      sym_ints.push_back(v.toTensor().size(s.dim));
+      sym_floats.push_back(static_cast<double>(sym_ints.back()));
+    } else {
+      sym_floats.push_back(as_double(v));
+      sym_ints.push_back(v.isInt() ? v.toInt() : static_cast<int64_t>(std::llround(sym_floats.back())));
+    }
   }
   std::vector<c10::IValue> env(g.values.size());
   AliasSet aliases;
@@ -97,14 +104,13 @@ std::vector<c10::IValue> Executable::launch(const std::vector<c10::IValue>& inpu
       } else {
         const TensorMeta& m = *g.values[tv].meta;
         if (n.id == OpId::kSymNumel) {
-          double p = 1;
-          for (const auto& e : m.sizes) p *= e.eval(sym_values, sym_names);
-          r = static_cast<int64_t>(p);
+          r = 1;
+          for (const auto& e : m.sizes) r *= e.eval(sym_ints, sym_floats);
         } else {
           int64_t dim = n.args[1].constant.toInt();
           const auto& es = n.id == OpId::kSymSize ? m.sizes : m.strides;
           if (dim < 0) dim += static_cast<int64_t>(es.size());
-          r = static_cast<int64_t>(es.at(dim).eval(sym_values, sym_names));
+          r = es.at(dim).eval(sym_ints, sym_floats);
         }
       }
       env[n.outputs[0]] = c10::IValue(r);
@@ -133,10 +139,9 @@ std::vector<c10::IValue> Executable::launch(const std::vector<c10::IValue>& inpu
       continue;
     }
     const TensorMeta& m = *v.meta;
-    std::vector<int64_t> sizes, strides;
-    for (const auto& e : m.sizes) sizes.push_back(static_cast<int64_t>(std::llround(e.eval(sym_values, sym_names))));
-    for (const auto& e : m.strides)
-      strides.push_back(static_cast<int64_t>(std::llround(e.eval(sym_values, sym_names))));
+    c10::DimVector sizes, strides;
+    for (const auto& e : m.sizes) sizes.push_back(e.eval(sym_ints, sym_floats));
+    for (const auto& e : m.strides) strides.push_back(e.eval(sym_ints, sym_floats));
     at::Tensor t = at::empty_strided(sizes, strides, at::TensorOptions().dtype(m.dtype).device(kNeuron, d));
     out_aliases.push_back(aliases.cpu(t));
     results.emplace_back(std::move(t));

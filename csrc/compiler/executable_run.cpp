@@ -20,53 +20,78 @@ void Executable::run_node(int ni, std::vector<c10::IValue>& env, const std::vect
                           c10::DeviceIndex d) const {
   const Node& n = graph_.nodes[ni];
   const auto& schema = n.op->schema();
-  const auto& formals = schema.arguments();
+  const std::vector<ArgConv>& convs = arg_convs_[ni];
+  auto item = [&](const Arg& x) -> const c10::IValue& { return x.kind == Arg::Kind::kValue ? env[x.value] : x.constant; };
   c10::Stack stack;
-  stack.reserve(n.args.size());
+  stack.reserve(n.args.size() + 1);
   for (size_t i = 0; i < n.args.size(); ++i) {
     const Arg& a = n.args[i];
-    c10::TypePtr type = formals[i].real_type();
-    if (auto o = type->cast<c10::OptionalType>()) type = o->getElementType();
-    const auto kind = type->kind();
-    if (kind == c10::TypeKind::GeneratorType) {
-      const c10::IValue v = a.kind == Arg::Kind::kValue ? env[a.value] : a.constant;
-      stack.emplace_back(kernel_generator(v.isNone() ? std::nullopt : std::optional<at::Generator>(v.toGenerator()), d));
-      continue;
-    }
-    if (a.kind == Arg::Kind::kList) {
-      auto elem = type->castRaw<c10::ListType>()->getElementType();
-      auto item = [&](const Arg& x) { return x.kind == Arg::Kind::kValue ? env[x.value] : x.constant; };
-      if (elem->kind() == c10::TypeKind::TensorType) {
+    switch (convs[i]) {
+      case ArgConv::kGenerator: {
+        const c10::IValue& v = item(a);
+        stack.emplace_back(kernel_generator(v.isNone() ? std::nullopt : std::optional<at::Generator>(v.toGenerator()), d));
+        break;
+      }
+      case ArgConv::kTensorList: {
         c10::List<at::Tensor> l;
+        l.reserve(a.items.size());
         for (const auto& x : a.items) l.push_back(item(x).toTensor());
         stack.emplace_back(std::move(l));
-      } else if (elem->cast<c10::OptionalType>()) {
+        break;
+      }
+      case ArgConv::kOptionalTensorList: {
         c10::List<std::optional<at::Tensor>> l;
         for (const auto& x : a.items) {
-          c10::IValue v = item(x);
+          const c10::IValue& v = item(x);
           l.push_back(v.isNone() ? std::nullopt : std::optional<at::Tensor>(v.toTensor()));
         }
         stack.emplace_back(std::move(l));
-      } else if (elem->kind() == c10::TypeKind::FloatType) {
+        break;
+      }
+      case ArgConv::kFloatList: {
         c10::List<double> l;
         for (const auto& x : a.items) l.push_back(as_double(item(x)));
         stack.emplace_back(std::move(l));
-      } else if (elem->kind() == c10::TypeKind::BoolType) {
+        break;
+      }
+      case ArgConv::kBoolList: {
         c10::List<bool> l;
         for (const auto& x : a.items) l.push_back(item(x).toBool());
         stack.emplace_back(std::move(l));
-      } else {  // int[] / SymInt[]
-        c10::List<int64_t> l;
-        for (const auto& x : a.items) l.push_back(static_cast<int64_t>(std::llround(as_double(item(x)))));
-        stack.emplace_back(std::move(l));
+        break;
       }
-      continue;
+      case ArgConv::kIntList: {
+        c10::List<int64_t> l;
+        l.reserve(a.items.size());
+        for (const auto& x : a.items) {
+          const c10::IValue& v = item(x);
+          l.push_back(v.isInt() ? v.toInt() : static_cast<int64_t>(std::llround(as_double(v))));
+        }
+        stack.emplace_back(std::move(l));
+        break;
+      }
+      case ArgConv::kTensor: {
+        const c10::IValue& v = item(a);
+        if (v.isDouble() || v.isInt() || v.isBool()) stack.push_back(wrapped_number(v));
+        else stack.push_back(v);
+        break;
+      }
+      case ArgConv::kInt: {
+        const c10::IValue& v = item(a);
+        if (v.isDouble()) stack.emplace_back(static_cast<int64_t>(std::llround(v.toDouble())));
+        else stack.push_back(v);
+        break;
+      }
+      case ArgConv::kDevice: {
+        const c10::IValue& v = item(a);
+        if (v.isDevice() && v.toDevice().type() == kNeuron) stack.emplace_back(c10::Device(c10::kCPU));
+        else stack.push_back(v);
+        break;
+      }
+      case ArgConv::kAsIs:
+        stack.push_back(item(a));
+        break;
     }
-    c10::IValue v = a.kind == Arg::Kind::kValue ? env[a.value] : a.constant;
-    if (kind == c10::TypeKind::TensorType && (v.isDouble() || v.isInt() || v.isBool())) v = wrapped_number(v);
-    if (v.isDevice() && v.toDevice().type() == kNeuron) v = c10::IValue(c10::Device(c10::kCPU));
-    if (kind == c10::TypeKind::IntType && v.isDouble()) v = c10::IValue(static_cast<int64_t>(std::llround(v.toDouble())));
-    stack.push_back(std::move(v));
   }
   // Written where we choose (the arena, the caller's output) through the op's out= overload.
   if (out_op_[ni] && !out_failed_[ni].load(std::memory_order_relaxed)) {

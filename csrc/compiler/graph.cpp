@@ -1,53 +1,129 @@
 #include "compiler/graph.h"
 
+#include <ATen/core/enum_tag.h>
+
+#include <algorithm>
 #include <cmath>
+#include <type_traits>
+#include <unordered_map>
 #include <sstream>
 #include <stdexcept>
 
 namespace neuronx::compiler {
 
-bool SymExpr::is_constant() const {
-  for (const auto& t : postfix)
-    if (t.rfind("s:", 0) == 0) return false;
-  return true;
+SymExpr::SymExpr(std::vector<std::string> postfix, const std::vector<std::string>& symbols)
+    : postfix_(std::move(postfix)) {
+  static const std::unordered_map<std::string, Op> binary = {
+      {"+", Op::kAdd}, {"*", Op::kMul}, {"//", Op::kFloorDiv}, {"%", Op::kMod}, {"/", Op::kDiv},
+      {"max", Op::kMax}, {"min", Op::kMin}, {"pow", Op::kPow}};
+  int depth = 0;
+  for (const auto& t : postfix_) {
+    Instr in{Op::kInt};
+    if (t.rfind("s:", 0) == 0) {
+      const auto it = std::find(symbols.begin(), symbols.end(), t.substr(2));
+      if (it == symbols.end()) throw std::runtime_error("size expression uses unbound symbol " + t.substr(2));
+      in = {Op::kSymbol, it - symbols.begin()};
+      constant_ = false;
+      ++depth;
+    } else if (t.rfind("i:", 0) == 0) {
+      in = {Op::kInt, std::stoll(t.substr(2))};
+      ++depth;
+    } else if (t.rfind("f:", 0) == 0) {
+      in = {Op::kFloat, 0, std::stod(t.substr(2))};
+      fractional_ = true;
+      ++depth;
+    } else if (t == "neg") {
+      in = {Op::kNeg};
+      if (depth < 1) throw std::runtime_error("malformed size expression");
+    } else {
+      const auto it = binary.find(t);
+      if (it == binary.end()) throw std::runtime_error("unknown size expression operator " + t);
+      in = {it->second};
+      fractional_ = fractional_ || it->second == Op::kDiv;
+      if (depth < 2) throw std::runtime_error("malformed size expression");
+      --depth;
+    }
+    code_.push_back(in);
+  }
+  if (depth != 1) throw std::runtime_error("malformed size expression");
+  if (constant_) value_ = fractional_ ? static_cast<int64_t>(std::llround(run<double>({}, {}))) : run<int64_t>({}, {});
 }
 
-double SymExpr::eval(const std::vector<double>& symbols, const std::vector<std::string>& names) const {
-  std::vector<double> st;
-  auto pop = [&]() {
-    if (st.empty()) throw std::runtime_error("malformed size expression");
-    double v = st.back();
-    st.pop_back();
-    return v;
-  };
-  for (const auto& t : postfix) {
-    if (t.rfind("s:", 0) == 0) {
-      const std::string name = t.substr(2);
-      size_t i = 0;
-      while (i < names.size() && names[i] != name) ++i;
-      if (i == names.size()) throw std::runtime_error("size expression uses unbound symbol " + name);
-      st.push_back(symbols[i]);
-    } else if (t.rfind("i:", 0) == 0) {
-      st.push_back(static_cast<double>(std::stoll(t.substr(2))));
-    } else if (t.rfind("f:", 0) == 0) {
-      st.push_back(std::stod(t.substr(2)));
-    } else if (t == "neg") {
-      st.push_back(-pop());
-    } else {
-      const double b = pop(), a = pop();
-      if (t == "+") st.push_back(a + b);
-      else if (t == "*") st.push_back(a * b);
-      else if (t == "//") st.push_back(std::floor(a / b));
-      else if (t == "%") st.push_back(a - b * std::floor(a / b));
-      else if (t == "/") st.push_back(a / b);
-      else if (t == "max") st.push_back(std::max(a, b));
-      else if (t == "min") st.push_back(std::min(a, b));
-      else if (t == "pow") st.push_back(std::pow(a, b));
-      else throw std::runtime_error("unknown size expression operator " + t);
+SymExpr SymExpr::constant(int64_t v) { return SymExpr({"i:" + std::to_string(v)}, {}); }
+
+int64_t SymExpr::value() const {
+  if (!constant_) throw std::runtime_error("size expression is not a constant");
+  return value_;
+}
+
+namespace {
+
+int64_t floor_div(int64_t a, int64_t b) {
+  if (b == 0) throw std::runtime_error("size expression divides by zero");
+  const int64_t q = a / b;
+  return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+
+int64_t ipow(int64_t a, int64_t b) {
+  if (b < 0) throw std::runtime_error("size expression raises to a negative power");
+  int64_t r = 1;
+  while (b-- > 0) r *= a;
+  return r;
+}
+
+}  // namespace
+
+template <typename T>
+T SymExpr::run(const std::vector<int64_t>& ints, const std::vector<double>& floats) const {
+  T st[32];  // exported expressions are shallow; deeper ones take the heap
+  std::vector<T> heap;
+  T* s = st;
+  if (code_.size() > 32) {
+    heap.resize(code_.size());
+    s = heap.data();
+  }
+  size_t n = 0;
+  for (const Instr& in : code_) {
+    switch (in.op) {
+      case Op::kSymbol:
+        if constexpr (std::is_same_v<T, double>) s[n++] = floats.at(in.i);
+        else s[n++] = ints.at(in.i);
+        continue;
+      case Op::kInt: s[n++] = static_cast<T>(in.i); continue;
+      case Op::kFloat: s[n++] = static_cast<T>(in.f); continue;
+      case Op::kNeg: s[n - 1] = -s[n - 1]; continue;
+      default: break;
+    }
+    const T b = s[--n], a = s[n - 1];
+    T& r = s[n - 1];
+    switch (in.op) {
+      case Op::kAdd: r = a + b; break;
+      case Op::kMul: r = a * b; break;
+      case Op::kMax: r = std::max(a, b); break;
+      case Op::kMin: r = std::min(a, b); break;
+      case Op::kFloorDiv:
+        if constexpr (std::is_same_v<T, double>) r = std::floor(a / b);
+        else r = floor_div(a, b);
+        break;
+      case Op::kMod:
+        if constexpr (std::is_same_v<T, double>) r = a - b * std::floor(a / b);
+        else r = a - b * floor_div(a, b);
+        break;
+      case Op::kPow:
+        if constexpr (std::is_same_v<T, double>) r = std::pow(a, b);
+        else r = ipow(a, b);
+        break;
+      case Op::kDiv: r = a / b; break;  // fractional expressions only
+      default: break;
     }
   }
-  if (st.size() != 1) throw std::runtime_error("malformed size expression");
-  return st.back();
+  return s[0];
+}
+
+int64_t SymExpr::eval(const std::vector<int64_t>& ints, const std::vector<double>& floats) const {
+  if (constant_) return value_;
+  if (fractional_) return static_cast<int64_t>(std::llround(run<double>(ints, floats)));
+  return run<int64_t>(ints, floats);
 }
 
 bool TensorMeta::is_static() const {
@@ -60,10 +136,10 @@ bool TensorMeta::is_static() const {
 
 bool TensorMeta::is_static_contiguous() const {
   if (!is_static()) return false;
-  double expected = 1;
+  int64_t expected = 1;
   for (size_t i = sizes.size(); i-- > 0;) {
-    const double size = sizes[i].eval({}, {});
-    if (size != 1 && strides[i].eval({}, {}) != expected) return false;
+    const int64_t size = sizes[i].value();
+    if (size != 1 && strides[i].value() != expected) return false;
     expected *= size;
   }
   return true;
@@ -72,7 +148,7 @@ bool TensorMeta::is_static_contiguous() const {
 bool TensorMeta::same_sizes(const TensorMeta& other) const {
   if (sizes.size() != other.sizes.size()) return false;
   for (size_t i = 0; i < sizes.size(); ++i)
-    if (sizes[i].postfix != other.sizes[i].postfix) return false;
+    if (sizes[i] != other.sizes[i]) return false;
   return true;
 }
 
@@ -80,8 +156,8 @@ namespace {
 
 std::string expr_text(const SymExpr& e) {
   std::string s;
-  for (const auto& t : e.postfix) s += (s.empty() ? "" : " ") + t;
-  return e.postfix.size() == 1 ? s : "(" + s + ")";
+  for (const auto& t : e.postfix()) s += (s.empty() ? "" : " ") + t;
+  return e.postfix().size() == 1 ? s : "(" + s + ")";
 }
 
 void arg_text(std::ostringstream& os, const Graph& g, const Arg& a) {
@@ -136,5 +212,22 @@ std::string Graph::dump() const {
   os << "\n";
   return os.str();
 }
+
+std::vector<int> Graph::use_counts() const {
+  std::vector<int> uses(values.size(), 0);
+  for (const auto& n : nodes) for_each_value(n, [&](int v) { ++uses[v]; });
+  for (int o : outputs)
+    if (o >= 0) ++uses[o];
+  return uses;
+}
+
+bool writes_operand(const Node& n) {
+  if (n.kind != Node::Kind::kAten) return false;
+  for (const auto& a : n.op->schema().arguments())
+    if (a.alias_info() && a.alias_info()->isWrite()) return true;
+  return false;
+}
+
+bool is_random(const Node& n) { return n.kind == Node::Kind::kAten && n.op->hasTag(at::Tag::nondeterministic_seeded); }
 
 }  // namespace neuronx::compiler

@@ -15,13 +15,39 @@
 
 namespace neuronx::compiler {
 
-// A size or scalar that may depend on runtime symbols: a tiny postfix program
-// ("s:<sym>", "i:<int>", "f:<float>", "+", "*", "//", "%", "neg", ...) or a
-// constant. Evaluated per launch from the bound symbol values.
-struct SymExpr {
-  std::vector<std::string> postfix;
-  bool is_constant() const;
-  double eval(const std::vector<double>& symbols, const std::vector<std::string>& names) const;
+// A size or stride that may depend on runtime symbols. Exported as postfix tokens
+// ("s:<sym>", "i:<int>", "f:<float>", "+", "*", "//", "%", "neg", ...), kept for dumps and for
+// comparing two expressions; resolved once, when the graph is built, into bytecode whose symbol
+// operands are indices into the graph's symbols, so a launch evaluates it without parsing.
+// Integer expressions run on int64 (sizes past 2^53 stay exact); one with a float constant or a
+// true division runs on double and is rounded.
+class SymExpr {
+ public:
+  SymExpr() = default;
+  // Raises for an unknown operator, a malformed program or a symbol not in `symbols`.
+  SymExpr(std::vector<std::string> postfix, const std::vector<std::string>& symbols);
+  static SymExpr constant(int64_t v);
+  const std::vector<std::string>& postfix() const { return postfix_; }
+  bool is_constant() const { return constant_; }
+  int64_t value() const;  // a constant's value (checked)
+  // `ints`/`floats`: each symbol's bound value (floats used only by a fractional expression).
+  int64_t eval(const std::vector<int64_t>& ints, const std::vector<double>& floats) const;
+  bool operator==(const SymExpr& o) const { return postfix_ == o.postfix_; }
+  bool operator!=(const SymExpr& o) const { return !(*this == o); }
+
+ private:
+  enum class Op : uint8_t { kSymbol, kInt, kFloat, kAdd, kMul, kFloorDiv, kMod, kDiv, kMax, kMin, kPow, kNeg };
+  struct Instr {
+    Op op;
+    int64_t i = 0;  // kSymbol: symbol index; kInt: the value
+    double f = 0;   // kFloat
+  };
+  template <typename T>
+  T run(const std::vector<int64_t>& ints, const std::vector<double>& floats) const;
+  std::vector<std::string> postfix_;
+  std::vector<Instr> code_;
+  bool constant_ = true, fractional_ = false;
+  int64_t value_ = 0;  // constants are evaluated once
 };
 
 struct TensorMeta {
@@ -79,6 +105,14 @@ void for_each_value(const Arg& a, F&& fn) {
   for (const auto& i : a.items) for_each_value(i, fn);
 }
 
+// Calls fn with every value id a node's operands refer to.
+template <typename F>
+void for_each_value(const Node& n, F&& fn) {
+  for (const auto& a : n.args) for_each_value(a, fn);
+}
+bool writes_operand(const Node& n);  // the op's schema writes one of its operands
+bool is_random(const Node& n);       // nondeterministic_seeded: two calls differ
+
 struct Graph {
   std::vector<Value> values;
   std::vector<Input> inputs;
@@ -86,6 +120,7 @@ struct Graph {
   std::vector<int> outputs;            // value ids; -1 for None outputs
   std::vector<SymbolSource> symbols;
   std::string dump() const;            // a readable listing (debug dumps, hashing)
+  std::vector<int> use_counts() const; // per value: operands and graph outputs reading it
 };
 
 }  // namespace neuronx::compiler

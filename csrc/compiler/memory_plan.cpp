@@ -10,7 +10,7 @@ namespace neuronx::compiler {
 namespace {
 constexpr int64_t kAlign = 64;  // a cache line (and the widest vector) per buffer
 
-int64_t constant(const SymExpr& e) { return static_cast<int64_t>(std::llround(e.eval({}, {}))); }
+int64_t constant(const SymExpr& e) { return e.value(); }
 }  // namespace
 
 int64_t span_bytes(const TensorMeta& m) {

@@ -62,14 +62,24 @@ Arg to_arg(const py::handle& o, const c10::TypePtr& type) {
   return a;
 }
 
-SymExpr to_expr(const py::handle& o) {
-  SymExpr e;
-  for (auto t : o) e.postfix.push_back(t.cast<std::string>());
-  return e;
+SymExpr to_expr(const py::handle& o, const std::vector<std::string>& symbols) {
+  std::vector<std::string> postfix;
+  for (auto t : o) postfix.push_back(t.cast<std::string>());
+  try {
+    return SymExpr(std::move(postfix), symbols);
+  } catch (const std::runtime_error& e) {
+    TORCH_CHECK(false, "torch_neuronx compiler: ", e.what());
+  }
 }
 
 Graph to_graph(const py::dict& desc) {
   Graph g;
+  std::vector<std::string> symbol_names;  // size expressions refer to symbols by index
+  for (auto s : desc["symbols"]) {
+    auto t = s.cast<py::tuple>();
+    g.symbols.push_back({t[0].cast<std::string>(), t[1].cast<int>(), t[2].cast<int>()});
+    symbol_names.push_back(g.symbols.back().name);
+  }
   for (auto v : desc["values"]) {
     auto t = v.cast<py::tuple>();
     Value val;
@@ -81,8 +91,8 @@ Graph to_graph(const py::dict& desc) {
       TensorMeta meta;
       TORCH_CHECK(THPDtype_Check(m[0].ptr()), "torch_neuronx compiler: expected a torch.dtype in the graph description");
       meta.dtype = reinterpret_cast<THPDtype*>(m[0].ptr())->scalar_type;
-      for (auto s : m[1]) meta.sizes.push_back(to_expr(s));
-      for (auto s : m[2]) meta.strides.push_back(to_expr(s));
+      for (auto s : m[1]) meta.sizes.push_back(to_expr(s, symbol_names));
+      for (auto s : m[2]) meta.strides.push_back(to_expr(s, symbol_names));
       val.meta = std::move(meta);
     }
     g.values.push_back(std::move(val));
@@ -90,10 +100,6 @@ Graph to_graph(const py::dict& desc) {
   for (auto i : desc["inputs"]) {
     auto t = i.cast<py::tuple>();
     g.inputs.push_back({t[0].cast<int>(), t[1].cast<bool>()});
-  }
-  for (auto s : desc["symbols"]) {
-    auto t = s.cast<py::tuple>();
-    g.symbols.push_back({t[0].cast<std::string>(), t[1].cast<int>(), t[2].cast<int>()});
   }
   auto& dispatcher = c10::Dispatcher::singleton();
   for (auto item : desc["nodes"]) {
@@ -205,6 +211,7 @@ void bind(py::module& parent) {
              for (const auto& v : out) r.append(ivalue_to_py(v));
              return r;
            });
+  m.def("_compile_counters", &compile_counter_names);
   m.def("compile", [](const py::dict& desc, const std::string& debug_dir) {
     Graph g = to_graph(desc);
     CompileStats stats;
@@ -216,26 +223,18 @@ void bind(py::module& parent) {
     py::dict s;
     s["ir_hash"] = stats.ir_hash;
     s["seconds"] = stats.seconds;
-    s["dead_removed"] = stats.passes.dead_removed;
-    s["views_simplified"] = stats.passes.views_simplified;
-    s["constants_folded"] = stats.passes.constants_folded;
-    s["common_removed"] = stats.passes.common_removed;
-    s["groups"] = stats.passes.groups;
-    s["fused_nodes"] = stats.passes.fused_nodes;
-    s["row_groups"] = stats.passes.row_groups;
-    s["gemms"] = stats.passes.gemms;
-    s["convolutions"] = stats.passes.convolutions;
-    s["epilogues"] = stats.passes.epilogues;
+    py::dict counters;
+#define NEURONX_EXPORT(f) counters[#f] = stats.passes.f;
+    NEURONX_PASS_STATS(NEURONX_EXPORT)
+#undef NEURONX_EXPORT
+#define NEURONX_EXPORT(f) counters[#f] = stats.build.f;
+    NEURONX_BUILD_STATS(NEURONX_EXPORT)
+#undef NEURONX_EXPORT
+#define NEURONX_EXPORT(f) counters[#f] = stats.f;
+    NEURONX_PLAN_STATS(NEURONX_EXPORT)
+#undef NEURONX_EXPORT
+    s["counters"] = counters;
     s["library_calls"] = stats.library_calls;
-    s["library_ops"] = stats.library_ops;
-    s["out_calls"] = stats.out_calls;
-    s["arena_bytes"] = stats.arena_bytes;
-    s["planned_bytes"] = stats.planned_bytes;
-    s["planned_values"] = stats.planned_values;
-    s["kernel_units"] = stats.build.units;
-    s["kernel_cache_hits"] = stats.build.cache_hits;
-    s["kernels_built"] = stats.build.built;
-    s["kernel_cache_corrupt"] = stats.build.corrupt;
     return py::make_tuple(exe, s);
   });
 }
