@@ -1,23 +1,24 @@
 #pragma once
-// Graph passes, in the order the compiler runs them: view simplification,
-// common subexpression and dead-code elimination, then grouping of pointwise
-// chains into fused kernels (the groups code generation turns into loops).
-// Constant folding happens when the executable is built (it runs ops).
+// Graph passes, one per file (dead_code.cpp, simplify_views.cpp,
+// common_subexpressions.cpp, fuse_pointwise.cpp; epilogue_fusion.h for GEMM and
+// convolution epilogues); pipeline.cpp runs them in order. Constant folding
+// happens when the executable is built (it runs ops).
 #include "compiler/graph.h"
 
 namespace neuronx::compiler {
 
+// What the passes did, listed once (exported under these names, summed by compile_metrics()):
+// constants_folded by the executable, when it is built; fused_row_groups: groups around a row
+// reduction; gemms: mm/addmm run as oneDNN matmuls and convolutions run with their epilogue
+// (epilogue_fusion.h); epilogues: pointwise ops fused into both.
+#define NEURONX_PASS_STATS(X)                                                                                \
+  X(views_simplified) X(constants_folded) X(dead_removed) X(common_removed) X(fused_groups) X(fused_nodes) \
+  X(fused_row_groups) X(gemms) X(convolutions) X(epilogues)
+
 struct PassStats {
-  int views_simplified = 0;
-  int constants_folded = 0;  // by the executable, when it is built
-  int dead_removed = 0;
-  int common_removed = 0;
-  int groups = 0;
-  int fused_nodes = 0;
-  int row_groups = 0;  // groups around a row reduction
-  int gemms = 0;         // mm/addmm run as oneDNN matmuls (epilogue_fusion.h)
-  int convolutions = 0;  // convolutions run with their epilogue
-  int epilogues = 0;     // pointwise ops fused into GEMMs and convolutions
+#define NEURONX_FIELD(f) int f = 0;
+  NEURONX_PASS_STATS(NEURONX_FIELD)
+#undef NEURONX_FIELD
 };
 
 // A view of a view reads the first view's base directly (when the base is
