@@ -64,3 +64,20 @@ def test_out_resize_warns_on_every_call_as_on_cpu():
                 torch.add(torch.ones(5, device=device), 1, out=torch.empty(3, device=device))
         n = sum("An output with one or more elements was resized" in str(x.message) for x in w)
         assert n >= 3, (device, n)
+
+
+def test_functional_op_whose_out_form_resizes_gives_cpu_result_and_no_foreign_warning():
+    # The eager path runs a functional op through its out= form into device memory; mse_loss's
+    # out= kernel grows its output through an intermediate shape, which a device buffer refuses
+    # (a typed error the kernel recognises). The op then runs functionally: the user, who called
+    # the functional op, sees CPU's result and none of the abandoned out= call's warnings.
+    import warnings
+
+    a, b = torch.randn(512, 256), torch.randn(512, 256)
+    want = torch.nn.functional.mse_loss(a, b)
+    for _ in range(3):
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            got = torch.nn.functional.mse_loss(a.to(DEV), b.to(DEV))
+            torch.testing.assert_close(got.cpu(), want)
+        assert not [x for x in w if "was resized" in str(x.message)], [str(x.message) for x in w]

@@ -3,6 +3,9 @@
 // operand metadata alone (no device data): what CUDA checks on the host, and
 // where the CPU kernel's output layout must be asked for rather than predicted.
 #include <ATen/core/ivalue.h>
+#include <c10/util/Exception.h>
+
+#include <vector>
 
 #include "backend/common.h"
 
@@ -14,6 +17,16 @@ struct OpAnalysis;
 // whose warnings the real run gives anyway.
 struct DiscardWarnings : c10::WarningHandler {
   void process(const c10::Warning&) override {}
+};
+
+// Holds warnings back: replay() hands them to the handler that was current before, or they
+// are dropped with the handler (a call whose result is thrown away and run again).
+struct HeldWarnings : c10::WarningHandler {
+  std::vector<c10::Warning> held;
+  void process(const c10::Warning& w) override { held.push_back(w); }
+  void replay() const {
+    for (const auto& w : held) c10::warn(w);
+  }
 };
 
 // Same sizes, and the same strides wherever a size is not 1.

@@ -4,9 +4,9 @@
 
 #include <ATen/core/LegacyTypeDispatch.h>
 
-#include <string_view>
 
 #include "backend/launch_checks.h"
+#include "backend/tensor_views.h"
 
 namespace neuronx {
 
@@ -34,22 +34,32 @@ void OpKernel::execute() {
       size_t in = 0, out = 0;
       for (const auto& arg : op_->out_op->schema().arguments())
         s.push_back(arg.is_out() ? outs_[out++] : args_[in++]);
+      // The user called the functional op: warnings of an out= attempt that is abandoned
+      // (its resize warning above all) are not theirs; the functional run gives its own.
+      HeldWarnings warnings;
       try {
-        op_->out_op->redispatchBoxed(kCPUKeys, &s);
+        {
+          c10::WarningUtils::WarningHandlerGuard guard(&warnings);
+          op_->out_op->redispatchBoxed(kCPUKeys, &s);
+        }
+        warnings.replay();
         restore_restrided_outputs();
         return;
-      } catch (const c10::Error& e) {
+      } catch (const DeviceBufferNotResizable&) {
         // Some out= kernels resize their output through an intermediate
         // shape; device buffers cannot grow inside a kernel. Use the
         // functional form (now and from now on) and copy the result, after
         // restoring the outputs' geometry (a failed resize may have changed it).
-        if (std::string_view(e.what()).find("not resizable") == std::string_view::npos || !geometry_) throw;
+        if (!geometry_) throw;
         op_->out_form_resizes.store(true);
         for (size_t r = 0; r < outs_.size() && r < geometry_->returns.size(); ++r) {
           if (!outs_[r].isTensor() || !geometry_->returns[r] || geometry_->returns[r]->empty()) continue;
           const Geometry& g = (*geometry_->returns[r])[0];
           outs_[r].toTensor().unsafeGetTensorImpl()->set_sizes_and_strides(g.sizes, g.strides, g.offset);
         }
+      } catch (...) {
+        warnings.replay();  // the op's own error: its warnings came before it, as on CPU
+        throw;
       }
       [[fallthrough]];
     }

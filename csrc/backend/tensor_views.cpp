@@ -12,6 +12,20 @@ namespace {
 
 void release_storage(void* p) { c10::raw::intrusive_ptr::decref(static_cast<c10::StorageImpl*>(p)); }
 
+// The allocator of a non-resizable CPU alias: ATen's CPU resize asks the storage's allocator
+// for the larger buffer, and this one answers with a typed error (the storage must report
+// resizable for the request to reach it; shrinking never allocates).
+struct FixedBufferAllocator final : c10::Allocator {
+  c10::DataPtr allocate(size_t nbytes) override {
+    throw DeviceBufferNotResizable({__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
+                                   "Trying to resize storage that is not resizable: a kernel asked to grow a neuron "
+                                   "buffer to " + std::to_string(nbytes) + " bytes");
+  }
+  void copy_data(void* dest, const void* src, std::size_t count) const override { default_copy_data(dest, src, count); }
+};
+
+FixedBufferAllocator fixed_buffer_allocator;
+
 void copy_flags(c10::TensorImpl* dst, const at::Tensor& src) {
   if (src.is_conj()) dst->_set_conj(true);
   if (src.is_neg()) dst->_set_neg(true);
@@ -52,7 +66,7 @@ c10::Storage AliasSet::cpu_storage(const at::Tensor& t, bool resizable) {
     data = c10::DataPtr(nullptr, c10::Device(c10::kCPU));  // zero-byte storage
   }
   c10::Storage storage(c10::Storage::use_byte_size_t(), st->nbytes(), std::move(data),
-                       resizable ? c10::GetCPUAllocator() : nullptr, resizable);
+                       resizable ? c10::GetCPUAllocator() : &fixed_buffer_allocator, true);
   return cpu_.put(st, std::move(storage));
 }
 

@@ -43,6 +43,13 @@ class AliasSet {
   SmallIndex<const c10::TensorImpl*, at::Tensor> cpu_impls_;
 };
 
+// Raised when a kernel tries to grow a non-resizable CPU alias of a device buffer (an out=
+// kernel resizing its output through an intermediate shape): callers recognise it by type.
+class DeviceBufferNotResizable : public c10::Error {
+ public:
+  using c10::Error::Error;
+};
+
 // A CPU alias of a single tensor (AliasSet().cpu(t)).
 at::Tensor cpu_alias(const at::Tensor& t, bool resizable = false);
 
