@@ -58,21 +58,15 @@ class NeuronDeviceAllocator final : public c10::DeviceAllocator {
   c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex d) override {
     const rt::AllocatorStats s = runtime_device(d).allocator().stats();
     c10::CachingDeviceAllocator::DeviceStats o;
-    copy_array(o.allocation, s.allocation);
-    copy_array(o.segment, s.segment);
-    copy_array(o.active, s.active);
-    copy_array(o.inactive_split, s.inactive_split);
-    copy_array(o.allocated_bytes, s.allocated_bytes);
-    copy_array(o.reserved_bytes, s.reserved_bytes);
-    copy_array(o.active_bytes, s.active_bytes);
-    copy_array(o.inactive_split_bytes, s.inactive_split_bytes);
-    copy_array(o.requested_bytes, s.requested_bytes);
-    o.num_alloc_retries = s.num_alloc_retries;
-    o.num_ooms = s.num_ooms;
-    o.num_device_alloc = s.num_device_alloc;
-    o.num_device_free = s.num_device_free;
-    o.oversize_allocations = to_c10(s.oversize_allocations);
-    o.oversize_segments = to_c10(s.oversize_segments);
+#define NEURONX_COPY(f) copy_array(o.f, s.f);
+    NEURONX_ALLOCATOR_STAT_ARRAYS(NEURONX_COPY)
+#undef NEURONX_COPY
+#define NEURONX_COPY(f) o.f = to_c10(s.f);
+    NEURONX_ALLOCATOR_STATS(NEURONX_COPY)
+#undef NEURONX_COPY
+#define NEURONX_COPY(f) o.f = s.f;
+    NEURONX_ALLOCATOR_COUNTERS(NEURONX_COPY)
+#undef NEURONX_COPY
     o.max_split_size = s.max_split_size;
     return o;
   }

@@ -48,21 +48,15 @@ py::dict stat_array(const rt::StatArray& a) {
 py::dict memory_stats(int device) {
   const rt::AllocatorStats s = runtime_device(device).allocator().stats();
   py::dict d;
-  d["allocation"] = stat_array(s.allocation);
-  d["segment"] = stat_array(s.segment);
-  d["active"] = stat_array(s.active);
-  d["inactive_split"] = stat_array(s.inactive_split);
-  d["allocated_bytes"] = stat_array(s.allocated_bytes);
-  d["reserved_bytes"] = stat_array(s.reserved_bytes);
-  d["active_bytes"] = stat_array(s.active_bytes);
-  d["inactive_split_bytes"] = stat_array(s.inactive_split_bytes);
-  d["requested_bytes"] = stat_array(s.requested_bytes);
-  d["num_alloc_retries"] = s.num_alloc_retries;
-  d["num_ooms"] = s.num_ooms;
-  d["num_device_alloc"] = s.num_device_alloc;
-  d["num_device_free"] = s.num_device_free;
-  d["oversize_allocations"] = stat_dict(s.oversize_allocations);
-  d["oversize_segments"] = stat_dict(s.oversize_segments);
+#define NEURONX_EXPORT(f) d[#f] = stat_array(s.f);
+  NEURONX_ALLOCATOR_STAT_ARRAYS(NEURONX_EXPORT)
+#undef NEURONX_EXPORT
+#define NEURONX_EXPORT(f) d[#f] = stat_dict(s.f);
+  NEURONX_ALLOCATOR_STATS(NEURONX_EXPORT)
+#undef NEURONX_EXPORT
+#define NEURONX_EXPORT(f) d[#f] = s.f;
+  NEURONX_ALLOCATOR_COUNTERS(NEURONX_EXPORT)
+#undef NEURONX_EXPORT
   d["max_split_size"] = s.max_split_size;
   return d;
 }
@@ -153,12 +147,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("_host_memory_stats", [] {
     const auto s = rt::HostAllocator::instance().stats();
     py::dict d;
-    d["allocations"] = s.allocations;
-    d["allocated_bytes"] = s.allocated_bytes;
-    d["reserved_bytes"] = s.reserved_bytes;
-    d["peak_allocated_bytes"] = s.peak_allocated_bytes;
-    d["num_host_alloc"] = s.num_host_alloc;
-    d["num_host_free"] = s.num_host_free;
+#define NEURONX_EXPORT(f) d[#f] = s.f;
+    NEURONX_HOST_ALLOCATOR_STATS(NEURONX_EXPORT)
+#undef NEURONX_EXPORT
     return d;
   });
 

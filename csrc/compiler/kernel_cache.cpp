@@ -151,14 +151,14 @@ std::string KernelCache::build_one(const std::string& source, BuildStats& stats)
   const std::string so = dir + "/" + key + ".so", sum = dir + "/" + key + ".sum";
   if (exists(so) && exists(sum)) {
     if (read_file(sum) == hash128(read_file(so))) {
-      stats.cache_hits++;
+      stats.kernel_cache_hits++;
       return so;
     }
     std::call_once(g_corrupt_warned, [&] {
       TORCH_WARN("torch_neuronx compiler: the cache entry ", so,
                  " is corrupted or truncated (checksum mismatch); it is removed and rebuilt.");
     });
-    stats.corrupt++;
+    stats.kernel_cache_corrupt++;
     ::unlink(so.c_str());
     ::unlink(sum.c_str());
   }
@@ -177,7 +177,7 @@ std::string KernelCache::build_one(const std::string& source, BuildStats& stats)
   write_file(tmp_sum, hash128(read_file(tmp_so)));
   TORCH_CHECK(::rename(tmp_sum.c_str(), sum.c_str()) == 0, "torch_neuronx compiler: cannot write ", sum);
   TORCH_CHECK(::rename(tmp_so.c_str(), so.c_str()) == 0, "torch_neuronx compiler: cannot write ", so);
-  stats.built++;
+  stats.kernels_built++;
   return so;
 }
 
@@ -185,7 +185,7 @@ std::vector<std::vector<KernelFn>> KernelCache::load(const std::vector<std::stri
                                                      const std::vector<std::vector<std::string>>& names,
                                                      std::vector<std::shared_ptr<SharedObject>>& keep,
                                                      BuildStats& stats) {
-  stats.units = static_cast<int>(sources.size());
+  stats.kernel_units = static_cast<int>(sources.size());
   std::vector<std::string> paths(sources.size());
   std::vector<std::string> errors(sources.size());
   std::vector<BuildStats> per(sources.size());
@@ -206,9 +206,9 @@ std::vector<std::vector<KernelFn>> KernelCache::load(const std::vector<std::stri
     threads.clear();
   }
   for (const auto& p : per) {
-    stats.cache_hits += p.cache_hits;
-    stats.built += p.built;
-    stats.corrupt += p.corrupt;
+    stats.kernel_cache_hits += p.kernel_cache_hits;
+    stats.kernels_built += p.kernels_built;
+    stats.kernel_cache_corrupt += p.kernel_cache_corrupt;
   }
   for (const auto& e : errors) TORCH_CHECK(e.empty(), e);
   std::vector<std::vector<KernelFn>> fns(sources.size());

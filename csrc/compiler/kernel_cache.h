@@ -20,11 +20,14 @@ struct SharedObject {
   ~SharedObject();
 };
 
+// Translation units needed, found valid in the cache, compiled now, and cache entries that
+// failed their checksum (rebuilt). Listed once (exported under these names).
+#define NEURONX_BUILD_STATS(X) X(kernel_units) X(kernel_cache_hits) X(kernels_built) X(kernel_cache_corrupt)
+
 struct BuildStats {
-  int units = 0;        // translation units needed
-  int cache_hits = 0;   // found valid in the cache
-  int built = 0;        // compiled now
-  int corrupt = 0;      // cache entries that failed their checksum (rebuilt)
+#define NEURONX_FIELD(f) int f = 0;
+  NEURONX_BUILD_STATS(NEURONX_FIELD)
+#undef NEURONX_FIELD
 };
 
 class KernelCache {

@@ -36,10 +36,10 @@ std::shared_ptr<Executable> compile(Graph g, const std::string& debug_dir, Compi
   stats.passes.common_removed = eliminate_common_subexpressions(g);
   stats.passes.dead_removed += eliminate_dead_code(g);
   auto groups = fuse_pointwise(g);
-  stats.passes.groups = static_cast<int>(groups.size());
+  stats.passes.fused_groups = static_cast<int>(groups.size());
   for (const auto& grp : groups) {
     stats.passes.fused_nodes += static_cast<int>(grp.nodes.size());
-    stats.passes.row_groups += grp.reduction >= 0;
+    stats.passes.fused_row_groups += grp.reduction >= 0;
   }
   dump(debug_dir, tag + ".ir_after.txt", g.dump());
   // One translation unit per group: they build in parallel and are cached one by one.
@@ -61,8 +61,7 @@ std::shared_ptr<Executable> compile(Graph g, const std::string& debug_dir, Compi
   for (size_t i = 0; i < exe->graph().nodes.size(); ++i) {
     const Node& n = exe->graph().nodes[i];
     if (n.kind == Node::Kind::kAten && n.fused_group < 0 && !exe->is_folded(static_cast<int>(i))) {
-      stats.library_calls++;
-      stats.library_ops[n.target]++;
+      stats.library_calls[n.target]++;
     }
   }
   stats.arena_bytes = exe->memory_plan().arena_bytes;
@@ -70,6 +69,16 @@ std::shared_ptr<Executable> compile(Graph g, const std::string& debug_dir, Compi
   stats.planned_values = exe->memory_plan().planned_values;
   stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return exe;
+}
+
+std::vector<std::string> compile_counter_names() {
+  std::vector<std::string> names;
+#define NEURONX_NAME(f) names.emplace_back(#f);
+  NEURONX_PASS_STATS(NEURONX_NAME)
+  NEURONX_BUILD_STATS(NEURONX_NAME)
+  NEURONX_PLAN_STATS(NEURONX_NAME)
+#undef NEURONX_NAME
+  return names;
 }
 
 }  // namespace neuronx::compiler

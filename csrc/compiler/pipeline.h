@@ -9,17 +9,23 @@
 
 namespace neuronx::compiler {
 
+// out_calls: library calls writing into planned memory (out=); the memory plan: arena size,
+// planned buffers' sum and count. Listed once (exported under these names).
+#define NEURONX_PLAN_STATS(X) X(out_calls) X(arena_bytes) X(planned_bytes) X(planned_values)
+
 struct CompileStats {
   PassStats passes;
   BuildStats build;
-  int library_calls = 0;                       // nodes run as ATen kernels
-  std::map<std::string, int> library_ops;      // ... by op
-  int out_calls = 0;                           // library calls writing into planned memory (out=)
-  int64_t arena_bytes = 0, planned_bytes = 0;  // memory plan: arena size, planned buffers' sum
-  int planned_values = 0;
+#define NEURONX_FIELD(f) int64_t f = 0;
+  NEURONX_PLAN_STATS(NEURONX_FIELD)
+#undef NEURONX_FIELD
+  std::map<std::string, int> library_calls;  // nodes run as ATen kernels, by op
   double seconds = 0;
   std::string ir_hash;
 };
+
+// Every counter's name (the Python side starts its totals from these).
+std::vector<std::string> compile_counter_names();
 
 // Runs the passes, generates and builds the kernels (or loads them from the cache).
 std::shared_ptr<Executable> compile(Graph g, const std::string& debug_dir, CompileStats& stats);

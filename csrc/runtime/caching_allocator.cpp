@@ -341,24 +341,25 @@ AllocatorStats CachingAllocator::stats() const {
 
 void CachingAllocator::reset_accumulated_stats() {
   std::lock_guard<std::mutex> g(mu_);
-  for (auto* arr : {&stats_.allocation, &stats_.segment, &stats_.active, &stats_.inactive_split,
-                    &stats_.allocated_bytes, &stats_.reserved_bytes, &stats_.active_bytes,
-                    &stats_.inactive_split_bytes, &stats_.requested_bytes})
-    for (auto& st : *arr) st.reset_accumulated();
-  stats_.num_alloc_retries = stats_.num_ooms = 0;
-  stats_.num_device_alloc = stats_.num_device_free = 0;
-  stats_.oversize_allocations.reset_accumulated();
-  stats_.oversize_segments.reset_accumulated();
+#define NEURONX_RESET(f) for (auto& st : stats_.f) st.reset_accumulated();
+  NEURONX_ALLOCATOR_STAT_ARRAYS(NEURONX_RESET)
+#undef NEURONX_RESET
+#define NEURONX_RESET(f) stats_.f.reset_accumulated();
+  NEURONX_ALLOCATOR_STATS(NEURONX_RESET)
+#undef NEURONX_RESET
+#define NEURONX_RESET(f) stats_.f = 0;
+  NEURONX_ALLOCATOR_COUNTERS(NEURONX_RESET)
+#undef NEURONX_RESET
 }
 
 void CachingAllocator::reset_peak_stats() {
   std::lock_guard<std::mutex> g(mu_);
-  for (auto* arr : {&stats_.allocation, &stats_.segment, &stats_.active, &stats_.inactive_split,
-                    &stats_.allocated_bytes, &stats_.reserved_bytes, &stats_.active_bytes,
-                    &stats_.inactive_split_bytes, &stats_.requested_bytes})
-    for (auto& st : *arr) st.reset_peak();
-  stats_.oversize_allocations.reset_peak();
-  stats_.oversize_segments.reset_peak();
+#define NEURONX_RESET(f) for (auto& st : stats_.f) st.reset_peak();
+  NEURONX_ALLOCATOR_STAT_ARRAYS(NEURONX_RESET)
+#undef NEURONX_RESET
+#define NEURONX_RESET(f) stats_.f.reset_peak();
+  NEURONX_ALLOCATOR_STATS(NEURONX_RESET)
+#undef NEURONX_RESET
 }
 
 std::vector<SegmentInfo> CachingAllocator::snapshot() {

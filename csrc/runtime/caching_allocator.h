@@ -34,13 +34,25 @@ struct Stat {
 enum StatType { kAggregate = 0, kSmallPool = 1, kLargePool = 2, kNumStatTypes = 3 };
 using StatArray = std::array<Stat, kNumStatTypes>;
 
-// Field names follow c10::CachingDeviceAllocator::DeviceStats.
+// The statistics, listed once: every copy, reset and export iterates these lists. Field names
+// follow c10::CachingDeviceAllocator::DeviceStats.
+#define NEURONX_ALLOCATOR_STAT_ARRAYS(X) \
+  X(allocation) X(segment) X(active) X(inactive_split) X(allocated_bytes) X(reserved_bytes) X(active_bytes) \
+  X(inactive_split_bytes) X(requested_bytes)
+#define NEURONX_ALLOCATOR_STATS(X) X(oversize_allocations) X(oversize_segments)
+#define NEURONX_ALLOCATOR_COUNTERS(X) X(num_alloc_retries) X(num_ooms) X(num_device_alloc) X(num_device_free)
+
 struct AllocatorStats {
-  StatArray allocation, segment, active, inactive_split;
-  StatArray allocated_bytes, reserved_bytes, active_bytes, inactive_split_bytes, requested_bytes;
-  int64_t num_alloc_retries = 0, num_ooms = 0, num_device_alloc = 0, num_device_free = 0;
-  Stat oversize_allocations, oversize_segments;
-  int64_t max_split_size = 0;
+#define NEURONX_FIELD(f) StatArray f;
+  NEURONX_ALLOCATOR_STAT_ARRAYS(NEURONX_FIELD)
+#undef NEURONX_FIELD
+#define NEURONX_FIELD(f) Stat f;
+  NEURONX_ALLOCATOR_STATS(NEURONX_FIELD)
+#undef NEURONX_FIELD
+#define NEURONX_FIELD(f) int64_t f = 0;
+  NEURONX_ALLOCATOR_COUNTERS(NEURONX_FIELD)
+#undef NEURONX_FIELD
+  int64_t max_split_size = 0;  // a setting, reported with the statistics
 };
 
 // Where an allocation came from (a captured stack). Opaque here: the layer

@@ -12,12 +12,15 @@
 
 namespace neuronx::rt {
 
+// allocations: live blocks handed out; allocated_bytes: bytes in them; reserved_bytes: bytes
+// held (live + cached). Listed once: the export iterates this list.
+#define NEURONX_HOST_ALLOCATOR_STATS(X) \
+  X(allocations) X(allocated_bytes) X(reserved_bytes) X(peak_allocated_bytes) X(num_host_alloc) X(num_host_free)
+
 struct HostAllocatorStats {
-  int64_t allocations = 0;           // live blocks handed out
-  int64_t allocated_bytes = 0;       // bytes in live blocks
-  int64_t reserved_bytes = 0;        // bytes held (live + cached)
-  int64_t peak_allocated_bytes = 0;
-  int64_t num_host_alloc = 0, num_host_free = 0;
+#define NEURONX_FIELD(f) int64_t f = 0;
+  NEURONX_HOST_ALLOCATOR_STATS(NEURONX_FIELD)
+#undef NEURONX_FIELD
 };
 
 class HostAllocator {

@@ -2,42 +2,33 @@
 import collections
 import threading
 
+from .. import _C
+
 _lock = threading.Lock()
 
 
 def _fresh():
-    return {"compiles": 0, "cache_hits": 0, "graph_cache_hits": 0, "graph_cache_skips": 0, "kernels_built": 0, "kernel_cache_hits": 0, "kernel_cache_corrupt": 0,
-            "recompiles": 0, "recompile_reasons": [], "compile_seconds": 0.0, "fused_groups": 0, "fused_nodes": 0,
-            "fused_row_groups": 0, "gemms": 0, "convolutions": 0, "epilogues": 0,
-            "library_calls": collections.Counter(), "out_calls": 0, "views_simplified": 0, "constants_folded": 0, "arena_bytes": 0, "planned_bytes": 0,
-            "planned_values": 0, "eager_graphs": 0, "eager_reasons": []}
+    m = {"compiles": 0, "cache_hits": 0, "graph_cache_hits": 0, "graph_cache_skips": 0, "recompiles": 0,
+         "recompile_reasons": [], "compile_seconds": 0.0, "library_calls": collections.Counter(),
+         "eager_graphs": 0, "eager_reasons": []}
+    # The compiler's counters, under the names it exports them by (listed once, in C++).
+    m.update({name: 0 for name in _C._compiler._compile_counters()})
+    return m
 
 
 _m = _fresh()
 
 
 def record(stats):
+    counters = stats["counters"]
     with _lock:
         _m["compiles"] += 1
         _m["compile_seconds"] += stats["seconds"]
-        _m["kernels_built"] += stats["kernels_built"]
-        _m["kernel_cache_hits"] += stats["kernel_cache_hits"]
-        _m["kernel_cache_corrupt"] += stats["kernel_cache_corrupt"]
-        if stats["kernel_units"] and stats["kernels_built"] == 0:
+        for name, n in counters.items():
+            _m[name] += n
+        if counters["kernel_units"] and counters["kernels_built"] == 0:
             _m["cache_hits"] += 1
-        _m["fused_groups"] += stats["groups"]
-        _m["fused_nodes"] += stats["fused_nodes"]
-        _m["fused_row_groups"] += stats["row_groups"]
-        _m["gemms"] += stats["gemms"]
-        _m["convolutions"] += stats["convolutions"]
-        _m["epilogues"] += stats["epilogues"]
-        _m["library_calls"].update(stats["library_ops"])
-        _m["out_calls"] += stats["out_calls"]
-        _m["views_simplified"] += stats["views_simplified"]
-        _m["constants_folded"] += stats["constants_folded"]
-        _m["arena_bytes"] += stats["arena_bytes"]
-        _m["planned_bytes"] += stats["planned_bytes"]
-        _m["planned_values"] += stats["planned_values"]
+        _m["library_calls"].update(stats["library_calls"])
 
 
 def record_graph_cache_hit():
@@ -77,7 +68,7 @@ def compile_metrics():
     epilogue, and the pointwise epilogues fused into both (activation, residual add), library
     calls by op (ops without a lowering, run as ATen kernels inside the
     executable) and how many of them write through out= into memory the executable chooses, views
-    simplified and nodes folded to constants, the
+    simplified, common subexpressions and dead nodes removed, nodes folded to constants, the
     memory plan (arena bytes per launch, planned intermediates and their bytes before reuse), and
     graphs that ran eagerly with the reason."""
     with _lock:
