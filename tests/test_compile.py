@@ -710,6 +710,48 @@ def test_conformance_tool_compile_sweep(tmp_path):
     assert all(x["outcome"] == "pass" for x in res), [x for x in res if x["outcome"] != "pass"]
 
 
+def test_sweeps_count_a_graph_run_eagerly_as_its_own_outcome():
+    # The compile sweeps' checks (op sweep, Hugging Face sweep) wrap each case: right values from
+    # a graph the compiler refused are the outcome "eager", not a pass.
+    from torch_neuronx.conformance.op_checks import Outcome, counting_eager_graphs
+    from torch_neuronx.conformance.report import markdown
+
+    def refused():  # the exporter does not take torch.cond's subgraphs: the graph runs eagerly
+        f = torch.compile(lambda x: torch.cond(x.sum() > 0, lambda y: y.sin(), lambda y: y.cos(), (x,)) * 2,
+                          backend="neuron")
+        return f(torch.ones(3, device="neuron")), None
+
+    def lowered():
+        return torch.compile(lambda x: x.sin() + 1, backend="neuron")(torch.ones(3, device="neuron")), None
+
+    assert counting_eager_graphs(lowered)()[0].shape == (3,)
+    with pytest.raises(Outcome) as e:
+        counting_eager_graphs(refused)()
+    assert e.value.outcome == "eager" and "ran eagerly" in e.value.detail
+    recs = [{"kind": "op", "name": "sin", "dtype": "float32", "cat": "compile", "outcome": o, "id": f"sin|{i}",
+             "detail": d} for i, (o, d) in enumerate([("pass", None), ("eager", e.value.detail)])]
+    md = markdown(recs, {"torch": "x", "date": "d", "seconds": 1, "jobs": 1, "crashes": 0})
+    assert "| compile | 1 | 1 | 0 | 0 | 0 | 50.00% |" in md, md
+
+
+def test_effectful_checks_compile_in_graph_order_and_raise_linalg_errors():
+    # linalg ops check their results through an effect token (with_effects(token,
+    # _linalg_check_errors, info)): the check is a node of the executable, kept by dead-code
+    # elimination though it returns nothing, and its error is torch.linalg.LinAlgError.
+    f = torch.compile(lambda a, b: (torch.linalg.inv(a), torch.linalg.solve(a, b)), backend="neuron")
+    a = torch.randn(64, 64) + 8 * torch.eye(64)
+    b = torch.randn(64, 3)
+    inv, sol = f(a.to("neuron"), b.to("neuron"))
+    torch.testing.assert_close(inv.cpu(), torch.linalg.inv(a), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(sol.cpu(), torch.linalg.solve(a, b), rtol=1e-4, atol=1e-5)
+    m = compile_metrics()
+    assert m["eager_graphs"] == 0 and m["library_calls"]["aten::_linalg_check_errors"] >= 1, m
+    with pytest.raises(torch.linalg.LinAlgError, match="singular"):
+        f(torch.zeros(64, 64, device="neuron"), b.to("neuron"))
+        torch.neuron.synchronize()
+    torch.testing.assert_close(f(a.to("neuron"), b.to("neuron"))[0].cpu(), inv.cpu())  # usable afterwards
+
+
 def test_random_ops_compile_and_draw_from_the_neuron_generator():
     f = torch.compile(lambda x: F.dropout(x, 0.5, training=True), backend="neuron")
     x = torch.ones(4096, device="neuron")

@@ -53,6 +53,18 @@ def test_report_counts_cpu_failures_apart():
     assert "causal-lm `b` [eager] train: why" in md and "causal-lm `c`: why" in md
 
 
+def test_report_counts_graphs_run_eagerly_apart_from_passes():
+    recs = [_rec("a", "forward", "pass", mode="compile"), _rec("a", "train", "eager", mode="compile"),
+            _rec("b", "forward", "pass", mode="compile"), _rec("b", "train", "pass", mode="compile"),
+            _rec("c", "forward", "eager", mode="compile"), _rec("c", "train", "fail", mode="compile")]
+    t = report.totals(recs)[("causal-lm", "compile")]
+    assert (t["pass"], t["eager"], t["fail"], t["total"]) == (1, 1, 1, 3)  # a failure outranks eager
+    assert t["rate"] == pytest.approx(1 / 3)
+    md = report.markdown(recs, {"transformers": "x", "torch": "y", "jobs": 1, "seconds": 6, "crashes": 0, "date": "d"})
+    assert "causal-lm `a` [compile] train: why" in md.split("## Graphs run eagerly")[1]
+    assert "| causal-lm | compile | 3 | 1 | 1 | 1 | 0 | 33.3% |" in md
+
+
 def test_sweep_runs_architectures_on_neuron_against_cpu(tmp_path):
     archs = "llama,gpt2,qwen3_moe,mamba,t5,bert,vit"
     r = subprocess.run([sys.executable, "-m", "torch_neuronx.hf_sweep", "--archs", archs, "--modes", "eager",

@@ -33,7 +33,7 @@ decltype(auto) translate(F&& fn) {
 }
 
 // Categories of rt::KernelError: the c10 exception type a failed kernel raised.
-enum class KernelErrorKind : int { kOther = 0, kIndex, kValue, kType, kNotImplemented };
+enum class KernelErrorKind : int { kOther = 0, kIndex, kValue, kType, kNotImplemented, kLinAlg };
 KernelErrorKind kernel_error_kind(const c10::Error& e);
 
 // Current device of this thread (the guard's notion), initialized lazily.

@@ -33,6 +33,7 @@ KernelErrorKind kernel_error_kind(const c10::Error& e) {
   if (dynamic_cast<const c10::ValueError*>(&e)) return KernelErrorKind::kValue;
   if (dynamic_cast<const c10::TypeError*>(&e)) return KernelErrorKind::kType;
   if (dynamic_cast<const c10::NotImplementedError*>(&e)) return KernelErrorKind::kNotImplemented;
+  if (dynamic_cast<const c10::LinAlgError*>(&e)) return KernelErrorKind::kLinAlg;  // torch.linalg.LinAlgError
   return KernelErrorKind::kOther;
 }
 
@@ -57,6 +58,8 @@ void rethrow_runtime_error(const rt::Error& e) {
           TORCH_CHECK_TYPE(false, e.what(), hint);
         case KernelErrorKind::kNotImplemented:
           TORCH_CHECK_NOT_IMPLEMENTED(false, e.what(), hint);
+        case KernelErrorKind::kLinAlg:
+          TORCH_CHECK_LINALG(false, e.what(), hint);
         case KernelErrorKind::kOther:
           break;
       }

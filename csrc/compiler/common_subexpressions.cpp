@@ -42,7 +42,7 @@ int eliminate_common_subexpressions(Graph& g) {
   int removed = 0;
   for (auto& n : g.nodes) {
     for (auto& a : n.args) rename(a, to);
-    if (n.kind == Node::Kind::kScalarOp || writes_operand(n) || is_random(n)) {
+    if (n.kind == Node::Kind::kScalarOp || has_effect(n) || is_random(n)) {
       kept.push_back(std::move(n));
       continue;
     }

@@ -1,4 +1,4 @@
-// eliminate_dead_code: nodes whose results nothing reads and that write no operand go.
+// eliminate_dead_code: nodes whose results nothing reads and that have no effect go.
 #include "compiler/passes.h"
 
 namespace neuronx::compiler {
@@ -10,7 +10,7 @@ int eliminate_dead_code(Graph& g) {
     Node& n = g.nodes[i];
     bool used = false;
     for (int o : n.outputs) used = used || uses[o] > 0;
-    if (used || writes_operand(n)) continue;
+    if (used || has_effect(n)) continue;
     for_each_value(n, [&](int v) { --uses[v]; });
     g.nodes.erase(g.nodes.begin() + static_cast<long>(i));
     ++removed;

@@ -228,6 +228,10 @@ bool writes_operand(const Node& n) {
   return false;
 }
 
+bool has_effect(const Node& n) {
+  return writes_operand(n) || (n.kind == Node::Kind::kAten && n.op->schema().returns().empty());
+}
+
 bool is_random(const Node& n) { return n.kind == Node::Kind::kAten && n.op->hasTag(at::Tag::nondeterministic_seeded); }
 
 }  // namespace neuronx::compiler

@@ -111,6 +111,7 @@ void for_each_value(const Node& n, F&& fn) {
   for (const auto& a : n.args) for_each_value(a, fn);
 }
 bool writes_operand(const Node& n);  // the op's schema writes one of its operands
+bool has_effect(const Node& n);      // writes an operand, or returns nothing (a check that may raise)
 bool is_random(const Node& n);       // nondeterministic_seeded: two calls differ
 
 struct Graph {

@@ -25,7 +25,7 @@ struct PassStats {
 // contiguous every view of it is valid); a permute of a permute becomes one
 // permute. The views skipped over are left for dead-code elimination.
 int simplify_views(Graph& g);
-// Removes nodes whose results nothing uses and that write no operand.
+// Removes nodes whose results nothing uses and that have no effect (has_effect).
 int eliminate_dead_code(Graph& g);
 // Merges nodes computing the same op on the same operands (deterministic ops only).
 int eliminate_common_subexpressions(Graph& g);

@@ -155,6 +155,8 @@ class Exporter:
             self.ids[n] = i
             self.nodes.append(("scalar", SIZE_OPS.get(t) or SCALAR_OPS[t], [self.arg(a) for a in n.args], {}, [i]))
             return
+        if t is torch.ops.higher_order.with_effects:
+            return self.effectful_call(n)
         if not isinstance(t, torch._ops.OpOverload):
             raise Unsupported(f"call of {getattr(t, '__name__', t)}")
         schema = t._schema
@@ -168,6 +170,22 @@ class Exporter:
         args = [self.arg(a) for a in n.args]
         kwargs = {k: self.arg(v) for k, v in n.kwargs.items()}
         self.nodes.append(("aten", name, args, kwargs, outs))
+
+    def effectful_call(self, n):
+        # AOTAutograd threads an op with side effects (linalg's _linalg_check_errors) through an
+        # effect token: with_effects(token, op, *args) -> (token, *results). Graph order already
+        # orders the effects, so the op becomes an ordinary node and the token passes through.
+        token, op, *rest = n.args
+        if not isinstance(op, torch._ops.OpOverload) or isinstance(self.ids.get(token), list):
+            raise Unsupported(f"with_effects of {op}")
+        val = n.meta.get("val")
+        results = list(val[1:]) if isinstance(val, (list, tuple)) else []
+        outs = [self.value(f"{n.name}_{k + 1}", v) for k, v in enumerate(results) if v is not None]
+        self.ids[n] = [self.ids[token], *outs]
+        schema = op._schema
+        name = schema.name + (f".{schema.overload_name}" if schema.overload_name else "")
+        self.nodes.append(("aten", name, [self.arg(a) for a in rest], {k: self.arg(v) for k, v in n.kwargs.items()},
+                           outs))
 
 
 def export(gm):

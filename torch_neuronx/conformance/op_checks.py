@@ -78,6 +78,22 @@ def _skip(reason):
     raise Outcome("skip", reason)
 
 
+def counting_eager_graphs(thunk):
+    """``thunk`` as a compile check: when it passes but a graph it compiled ran eagerly (the
+    compiler refused it), the case's outcome is ``eager``, not a pass: the compile tier did not
+    run it."""
+    def run():
+        from torch_neuronx.compile import compile_metrics
+
+        before = len(compile_metrics()["eager_reasons"])
+        result = thunk()
+        reasons = compile_metrics()["eager_reasons"][before:]
+        if reasons:
+            raise Outcome("eager", f"{len(reasons)} graph(s) ran eagerly: {reasons[0]}"[:300])
+        return result
+    return run
+
+
 def _compare_results(op, cpu, cpu_exc, dev, dev_exc, where="output", sample=None):
     if cpu_exc is not None:
         return False, _same_exception(cpu_exc, dev_exc)
@@ -96,7 +112,12 @@ def check_forward(op, sample):
 
 
 def check_compile(op, sample):
-    """The sample through ``torch.compile(backend="neuron")`` on neuron against eager CPU."""
+    """The sample through ``torch.compile(backend="neuron")`` on neuron against eager CPU; a
+    graph that ran eagerly makes the outcome ``eager``."""
+    return counting_eager_graphs(lambda: _check_compile(op, sample))()
+
+
+def _check_compile(op, sample):
     cpu_s = sample_to_cpu(sample)
     cpu, ce = _run(op, cpu_s, "cpu")
     if ce is not None:

@@ -1,7 +1,9 @@
 """Summaries of a sweep: console totals and the Markdown report (docs/op_support.md)."""
 from collections import Counter, defaultdict
 
-OUTCOMES = ("pass", "fail", "error", "skip")
+# eager: a compile case whose values matched but whose graph the compiler refused (it ran eagerly);
+# counted as run and not passed.
+OUTCOMES = ("pass", "eager", "fail", "error", "skip")
 
 # Non-passes whose cause is known and lies outside the backend's kernels; they still count as
 # failures, the report says why.
@@ -24,7 +26,7 @@ DTYPE_ABBREV = {
 
 
 def _rate(c):
-    ran = c["pass"] + c["fail"] + c["error"]
+    ran = c["pass"] + c["eager"] + c["fail"] + c["error"]
     return 100.0 * c["pass"] / ran if ran else 100.0
 
 
@@ -42,14 +44,15 @@ def _group(records, kind):
 
 def summary_text(records, meta):
     by = totals(records)
-    lines = [f"{'category':<16}{'pass':>8}{'fail':>7}{'error':>7}{'skip':>7}{'pass %':>9}"]
+    lines = [f"{'category':<16}{'pass':>8}{'eager':>7}{'fail':>7}{'error':>7}{'skip':>7}{'pass %':>9}"]
     for cat in sorted(by, key=lambda c: (c not in OP_CATEGORIES, OP_CATEGORIES.index(c) if c in OP_CATEGORIES else 0, c)):
         c = by[cat]
-        lines.append(f"{cat:<16}{c['pass']:>8}{c['fail']:>7}{c['error']:>7}{c['skip']:>7}{_rate(c):>8.2f}%")
+        lines.append(f"{cat:<16}{c['pass']:>8}{c['eager']:>7}{c['fail']:>7}{c['error']:>7}{c['skip']:>7}{_rate(c):>8.2f}%")
     for kind in ("op", "module", "optim"):
         c = Counter(r["outcome"] for r in _group(records, kind))
         if c:
-            lines.append(f"{kind + ' total':<16}{c['pass']:>8}{c['fail']:>7}{c['error']:>7}{c['skip']:>7}{_rate(c):>8.2f}%")
+            lines.append(f"{kind + ' total':<16}{c['pass']:>8}{c['eager']:>7}{c['fail']:>7}{c['error']:>7}{c['skip']:>7}"
+                         f"{_rate(c):>8.2f}%")
     bit = sum(1 for r in records if r["outcome"] == "pass" and r.get("bitwise"))
     npass = sum(1 for r in records if r["outcome"] == "pass")
     lines.append(f"bitwise equal to CPU: {bit} of {npass} passing cases; "
@@ -60,7 +63,7 @@ def summary_text(records, meta):
 def _cell(c):
     if not c:
         return ""
-    ran = c["pass"] + c["fail"] + c["error"]
+    ran = c["pass"] + c["eager"] + c["fail"] + c["error"]
     if ran == 0:
         return "skip"
     if c["pass"] == ran:
@@ -81,18 +84,21 @@ def markdown(records, meta):
            "train and eval) and every optimizer in `optim_db` (each configuration, for-loop, foreach and fused, "
            f"5 steps) is compared the same way. A case passes when dtype, shape, strides and values match "
            "(values within `torch.testing.assert_close` tolerances; most match bit for bit). "
-           "Pass rates count pass / (pass + fail + error); skips are cases the check does not apply to "
+           "Pass rates count pass / (pass + eager + fail + error), where `eager` (compile sweep) is a case "
+           "whose values matched but whose graph the compiler refused, so it ran eagerly; skips are cases the check does not apply to "
            "(e.g. no `out=` variant, CPU itself rejects the sample).", "",
-           "## Summary", "", "| category | pass | fail | error | skip | pass rate |", "|---|---|---|---|---|---|"]
+           "## Summary", "", "| category | pass | eager | fail | error | skip | pass rate |",
+           "|---|---|---|---|---|---|---|"]
     by = totals(records)
     order = sorted(by, key=lambda c: (c not in OP_CATEGORIES, OP_CATEGORIES.index(c) if c in OP_CATEGORIES else 0, c))
     for cat in order:
         c = by[cat]
-        out.append(f"| {cat} | {c['pass']} | {c['fail']} | {c['error']} | {c['skip']} | {_rate(c):.2f}% |")
+        out.append(f"| {cat} | {c['pass']} | {c['eager']} | {c['fail']} | {c['error']} | {c['skip']} | {_rate(c):.2f}% |")
     for kind, label in (("op", "**all op_db**"), ("module", "**all module_db**"), ("optim", "**all optim_db**")):
         c = Counter(r["outcome"] for r in _group(records, kind))
         if c:
-            out.append(f"| {label} | {c['pass']} | {c['fail']} | {c['error']} | {c['skip']} | {_rate(c):.2f}% |")
+            out.append(f"| {label} | {c['pass']} | {c['eager']} | {c['fail']} | {c['error']} | {c['skip']} | "
+                       f"{_rate(c):.2f}% |")
     bit = sum(1 for r in records if r["outcome"] == "pass" and r.get("bitwise"))
     npass = sum(1 for r in records if r["outcome"] == "pass")
     out += ["", f"{bit} of {npass} passing cases ({100.0 * bit / max(npass, 1):.1f}%) are bitwise equal to CPU.", ""]
@@ -100,9 +106,9 @@ def markdown(records, meta):
     # Non-passes, grouped by (op, dtype, category) with the first reason.
     bad = defaultdict(list)
     for r in records:
-        if r["outcome"] in ("fail", "error"):
+        if r["outcome"] in ("fail", "error", "eager"):
             bad[(r["kind"], r["name"], r["dtype"], r["cat"])].append(r)
-    out += ["## Failures and errors", ""]
+    out += ["## Failures, errors and graphs run eagerly", ""]
     if not bad:
         out += ["None.", ""]
     else:
