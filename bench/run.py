@@ -37,90 +37,9 @@ def sync(device):
         torch.neuron.synchronize()
 
 
-# ---------------------------------------------------------------- models
+# ---------------------------------------------------------------- models (torch_neuronx.testing.models)
 
-class Block(nn.Module):
-    """nanoGPT decoder block (pre-norm, causal self-attention, GELU MLP)."""
-
-    def __init__(self, d, heads):
-        super().__init__()
-        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
-        self.fc, self.out = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
-        self.heads = heads
-
-    def forward(self, x):
-        b, t, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
-        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(y.transpose(1, 2).reshape(b, t, d))
-        return x + self.out(F.gelu(self.fc(self.ln2(x))))
-
-
-class NanoGPT(nn.Module):
-    def __init__(self, vocab=4096, d=256, layers=6, heads=8, seq=256):
-        super().__init__()
-        self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(seq, d)
-        self.blocks = nn.ModuleList(Block(d, heads) for _ in range(layers))
-        self.ln, self.head = nn.LayerNorm(d), nn.Linear(d, vocab, bias=False)
-
-    def forward(self, idx):
-        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
-        for blk in self.blocks:
-            x = blk(x)
-        return self.head(self.ln(x))
-
-
-class BertEncoder(nn.Module):
-    def __init__(self, vocab=30522, d=768, layers=12, heads=12, ff=3072, seq=128):
-        super().__init__()
-        self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(seq, d)
-        self.ln = nn.LayerNorm(d)
-        layer = nn.TransformerEncoderLayer(d, heads, ff, dropout=0.0, activation="gelu", batch_first=True)
-        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
-
-    def forward(self, idx):
-        x = self.ln(self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device)))
-        return self.encoder(x)
-
-
-class BasicBlock(nn.Module):
-    def __init__(self, cin, cout, stride):
-        super().__init__()
-        self.c1, self.b1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout)
-        self.c2, self.b2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False), nn.BatchNorm2d(cout)
-        self.down = None
-        if stride != 1 or cin != cout:
-            self.down = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
-
-    def forward(self, x):
-        y = F.relu(self.b1(self.c1(x)))
-        y = self.b2(self.c2(y))
-        return F.relu(y + (x if self.down is None else self.down(x)))
-
-
-class ResNet18(nn.Module):
-    def __init__(self, classes=1000, width=64):
-        super().__init__()
-        w = width
-        self.stem = nn.Sequential(nn.Conv2d(3, w, 7, 2, 3, bias=False), nn.BatchNorm2d(w), nn.ReLU(),
-                                  nn.MaxPool2d(3, 2, 1))
-        chans = [w, 2 * w, 4 * w, 8 * w]
-        layers, cin = [], w
-        for i, c in enumerate(chans):
-            layers += [BasicBlock(cin, c, 1 if i == 0 else 2), BasicBlock(c, c, 1)]
-            cin = c
-        self.layers = nn.Sequential(*layers)
-        self.fc = nn.Linear(cin, classes)
-
-    def forward(self, x):
-        return self.fc(torch.flatten(F.adaptive_avg_pool2d(self.layers(self.stem(x)), 1), 1))
-
-
-def mlp(d=1024, hidden=4096, classes=10):
-    return nn.Sequential(nn.Linear(d, hidden), nn.GELU(), nn.Linear(hidden, hidden), nn.GELU(),
-                         nn.Linear(hidden, classes))
+from torch_neuronx.testing.models import BasicBlock, BertEncoder, Block, NanoGPT, ResNet18, mlp  # noqa: E402,F401
 
 
 # ---------------------------------------------------------------- workloads

@@ -2,7 +2,8 @@
 
 Trains an MLP classifier and a small transformer language model on synthetic
 data with a DataLoader that pins memory. The loops are plain PyTorch; the only
-device-specific line is `.to(device)`. `import torch` registers the device.
+device-specific line is `.to(device)`. `import torch` registers the device; the models and data
+are the reference ones the tests and benchmarks use (torch_neuronx.testing.models).
 
     python examples/train.py [--device neuron] [--steps 30]
 """
@@ -12,51 +13,9 @@ import time
 
 import torch
 import torch.nn as nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader
 
-
-class MLP(nn.Module):
-    def __init__(self, d_in=64, hidden=256, classes=10):
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(d_in, hidden), nn.GELU(), nn.Dropout(0.1),
-                                 nn.Linear(hidden, hidden), nn.GELU(), nn.Linear(hidden, classes))
-
-    def forward(self, x):
-        return self.net(x)
-
-
-class TinyTransformerLM(nn.Module):
-    def __init__(self, vocab=128, d_model=64, heads=4, layers=2, seq=32):
-        super().__init__()
-        self.embed = nn.Embedding(vocab, d_model)
-        self.pos = nn.Parameter(torch.randn(seq, d_model) * 0.02)
-        layer = nn.TransformerEncoderLayer(d_model, heads, 4 * d_model, dropout=0.1, batch_first=True,
-                                           norm_first=True)
-        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
-        self.head = nn.Linear(d_model, vocab)
-        self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(seq), persistent=False)
-
-    def forward(self, tokens):
-        h = self.embed(tokens) + self.pos[: tokens.shape[1]]
-        h = self.encoder(h, mask=self.mask[: tokens.shape[1], : tokens.shape[1]], is_causal=True)
-        return self.head(h)
-
-
-def classification_data(n=2048, d_in=64, classes=10):
-    g = torch.Generator().manual_seed(0)
-    centers = torch.randn(classes, d_in, generator=g) * 2
-    y = torch.randint(0, classes, (n,), generator=g)
-    x = centers[y] + torch.randn(n, d_in, generator=g)
-    return TensorDataset(x, y)
-
-
-def language_data(n=512, seq=33, vocab=128):
-    # Sequences of a noisy counting pattern: next token = (token + step) % vocab.
-    g = torch.Generator().manual_seed(1)
-    start = torch.randint(0, vocab, (n, 1), generator=g)
-    step = torch.randint(1, 4, (n, 1), generator=g)
-    seqs = (start + step * torch.arange(seq)) % vocab
-    return TensorDataset(seqs[:, :-1], seqs[:, 1:])
+from torch_neuronx.testing.models import MLP, TinyTransformerLM, classification_data, language_data
 
 
 def train(name, model, dataset, criterion, device, steps, batch_size, flatten_logits=False):

@@ -19,19 +19,24 @@ import torch.nn.functional as F
 import torch_neuronx  # noqa: F401
 from torch_neuronx.compile import compile_metrics, reset_compile_metrics
 
+from torch_neuronx.testing.models import BertEncoder, NanoGPT, ResNet18
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-from run import BertEncoder, NanoGPT, ResNet18  # noqa: E402
 
 JOB = ROOT / "tests" / "compile" / "cache_job.py"
 
 
 @pytest.fixture(autouse=True)
-def fresh(tmp_path_factory, monkeypatch):
+def fresh(tmp_path_factory, monkeypatch, request):
     monkeypatch.setenv("TORCH_NEURONX_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "nx-cache"))
     torch._dynamo.reset()
     reset_compile_metrics()
     yield
+    # Every test here is about the compiled tier: a graph that fell back to eager is a failure
+    # unless the test says it is about that.
+    if request.node.get_closest_marker("runs_eagerly") is None:
+        m = compile_metrics()
+        assert m["eager_graphs"] == 0, f"graphs ran eagerly: {m['eager_reasons']}"
     torch._dynamo.reset()
 
 
@@ -618,7 +623,7 @@ def test_debug_dir_dumps_graph_ir_and_sources(tmp_path, monkeypatch):
 
 
 def _job(cache, extra_env=None):
-    # (bench/run.py, imported above for its models, disables compile caches for its own timings.)
+    # (Inductor's caches on: a benchmark run in this environment may have turned them off.)
     env = {**os.environ, "TORCH_NEURONX_CACHE_DIR": str(cache), "TORCHINDUCTOR_FORCE_DISABLE_CACHES": "0",
            **(extra_env or {})}
     return subprocess.Popen([sys.executable, str(JOB)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -710,6 +715,7 @@ def test_conformance_tool_compile_sweep(tmp_path):
     assert all(x["outcome"] == "pass" for x in res), [x for x in res if x["outcome"] != "pass"]
 
 
+@pytest.mark.runs_eagerly
 def test_sweeps_count_a_graph_run_eagerly_as_its_own_outcome():
     # The compile sweeps' checks (op sweep, Hugging Face sweep) wrap each case: right values from
     # a graph the compiler refused are the outcome "eager", not a pass.

@@ -12,18 +12,9 @@ import textwrap
 
 import pytest
 import torch
+from helpers import clean_env
 
 N_DEV = torch.neuron.device_count()
-
-# Variables that select or shape the simulated device; subprocesses start without them.
-_DEVICE_ENV_PREFIXES = ("TORCH_NEURONX_", "NEURON_RT_", "NEURON_LAUNCH_BLOCKING", "TORCH_DEVICE_BACKEND_AUTOLOAD")
-
-
-def _clean_env(**overrides):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(_DEVICE_ENV_PREFIXES)}
-    env.update(overrides)
-    return env
-
 
 # Each script prints one JSON line as its last line of output.
 _PROBE = textwrap.dedent(
@@ -76,7 +67,7 @@ _ENV_CASES = {
 @pytest.fixture(scope="module")
 def env_results():
     procs = {
-        name: subprocess.Popen([sys.executable, "-c", _PROBE], env=_clean_env(**env), stdout=subprocess.PIPE,
+        name: subprocess.Popen([sys.executable, "-c", _PROBE], env=clean_env(**env), stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
         for name, env in _ENV_CASES.items()
     }

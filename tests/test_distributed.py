@@ -11,6 +11,7 @@ import sys
 import time
 
 import pytest
+from helpers import clean_env
 
 JOBS = os.path.join(os.path.dirname(__file__), "distributed", "jobs.py")
 
@@ -22,9 +23,7 @@ def _free_port():
 
 
 def _env(**extra):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCH_NEURONX_", "NEURON_"))}
-    env.update({k: str(v) for k, v in extra.items()})
-    return env
+    return clean_env(**extra)
 
 
 def launch(job, tmp_path, nprocs=2, timeout=300, expect_ok=True, **env):

@@ -1,12 +1,12 @@
 """The Python snippets in the user guides run as written (each in a fresh namespace, in the
 order the guide gives them, in a clean interpreter started in a temporary directory)."""
-import os
 import pathlib
 import re
 import subprocess
 import sys
 
 import pytest
+from helpers import clean_env
 
 DOCS = pathlib.Path(__file__).resolve().parent.parent / "docs"
 GUIDES = ["mixed_precision.md", "profiling.md"]
@@ -27,7 +27,7 @@ def test_guide_snippets_run(guide, tmp_path):
     path = DOCS / guide
     n = len(re.findall(r"```python\n", path.read_text()))
     assert n >= 3, f"{guide} should carry runnable snippets"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCH_NEURONX_", "NEURON_"))}
+    env = clean_env()
     r = subprocess.run([sys.executable, "-c", _RUNNER, str(path)], cwd=tmp_path, env=env,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]

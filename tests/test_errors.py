@@ -4,13 +4,13 @@ tensor kinds (nested), invalid device indices.
 """
 import contextlib
 import json
-import os
 import subprocess
 import sys
 import textwrap
 
 import pytest
 import torch
+from helpers import clean_env
 
 _SAME_DEVICE = "Expected all tensors to be on the same device"
 
@@ -278,8 +278,7 @@ def test_launch_blocking_raises_at_op():
         print(json.dumps(res))
         """
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCH_NEURONX_", "NEURON_"))}
-    env["NEURON_LAUNCH_BLOCKING"] = "1"
+    env = clean_env(NEURON_LAUNCH_BLOCKING=1)
     p = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     r = json.loads(p.stdout.strip().splitlines()[-1])

@@ -8,6 +8,8 @@ import torch
 
 transformers = pytest.importorskip("transformers", reason="make installs the pinned Hugging Face packages")
 from transformers import AutoModelForCausalLM, LlamaConfig, Trainer, TrainingArguments  # noqa: E402
+from helpers import clean_env  # noqa: E402
+from torch_neuronx.testing.models import TokenDataset  # noqa: E402
 
 
 def _config():
@@ -49,14 +51,7 @@ def test_save_pretrained_from_device_reloads_bitwise(tiny_dir, tmp_path):
 
 def _tokens():
     """The token dataset of the multi-process Trainer job (tests/huggingface/trainer_ddp.py)."""
-    import importlib.util
-    import pathlib
-
-    spec = importlib.util.spec_from_file_location(
-        "trainer_ddp", pathlib.Path(__file__).resolve().parent / "huggingface" / "trainer_ddp.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.Tokens()
+    return TokenDataset(n=32, seq=16, vocab=128)
 
 
 def test_trainer_single_process_bf16_checkpoint_resume(tiny_dir, tmp_path):
@@ -150,7 +145,7 @@ def test_trainer_two_processes_multi_neuron_ddp(launcher, tmp_path):
     bindir = os.path.dirname(sys.executable)
     cmd = ([os.path.join(bindir, "torchrun"), "--standalone", "--nproc-per-node", "2"] if launcher == "torchrun"
            else [os.path.join(bindir, "accelerate"), "launch", "--num_processes", "2", "--main_process_port", "0"])
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCH_NEURONX_", "NEURON_"))}
+    env = clean_env()
     r = subprocess.run(cmd + [script, str(tmp_path)], capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     import json

@@ -6,13 +6,13 @@ cleanup (gc, synchronize, empty_cache); sizes are chosen so that cached blocks l
 tests cannot serve them.
 """
 import gc
-import os
 import subprocess
 import sys
 import textwrap
 
 import pytest
 import torch
+from helpers import clean_env
 
 MiB = 1 << 20
 DEV = 1  # device for exact accounting checks
@@ -420,8 +420,7 @@ _OOM_SCRIPT = textwrap.dedent(
 
 def _run_with_env(code, **env):
     """Run `code` in a fresh interpreter whose device settings are only `env`."""
-    full = {k: v for k, v in os.environ.items() if not k.startswith(("TORCH_NEURONX_", "NEURON_"))}
-    full.update(env)
+    full = clean_env(**env)
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full, timeout=180)
 
 

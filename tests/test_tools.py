@@ -11,6 +11,7 @@ import textwrap
 import time
 
 import pytest
+from helpers import clean_env
 
 BIN = os.path.dirname(sys.executable)
 MiB = 1 << 20
@@ -36,7 +37,7 @@ TRAINER = textwrap.dedent("""
 
 
 def _env():
-    return {k: v for k, v in os.environ.items() if not k.startswith(("TORCH_NEURONX_", "NEURON_"))}
+    return clean_env()
 
 
 def _start(code, *args):

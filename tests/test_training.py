@@ -1,18 +1,13 @@
 """The seed loop of the one-line device switch: the models of examples/train.py trained for
 several steps on neuron match the same run on CPU (same seed, same data, DataLoader with
 pinned memory)."""
-import importlib.util
-import pathlib
 
 import pytest
 import torch
 import torch.nn as nn
 from torch.utils.data import DataLoader
 
-_spec = importlib.util.spec_from_file_location(
-    "train_example", pathlib.Path(__file__).resolve().parents[1] / "examples" / "train.py")
-train = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(train)
+from torch_neuronx.testing import models as train  # the models and data of examples/train.py
 
 
 def run(device, make_model, dataset, batch_size, steps, flatten):
@@ -92,15 +87,9 @@ def test_bf16_autocast_transformer_training_matches_cpu_autocast():
     torch.testing.assert_close(dev, cpu, rtol=1e-3, atol=1e-3)
 
 
-def test_bf16_autocast_nanogpt_training_matches_cpu_autocast(monkeypatch):
+def test_bf16_autocast_nanogpt_training_matches_cpu_autocast():
     """The benchmark's nanoGPT decoder (small config), 5 AdamW steps under bf16 autocast."""
-    spec = importlib.util.spec_from_file_location(
-        "bench_run", pathlib.Path(__file__).resolve().parents[1] / "bench" / "run.py")
-    bench = importlib.util.module_from_spec(spec)
-    with monkeypatch.context() as m:  # the harness sets an Inductor variable at import
-        m.setenv("TORCHINDUCTOR_FORCE_DISABLE_CACHES", "1")
-        spec.loader.exec_module(bench)
     g = torch.Generator().manual_seed(1)
     x, y = torch.randint(0, 512, (4, 64), generator=g), torch.randint(0, 512, (4, 64), generator=g)
-    dev, cpu = _bf16_autocast_losses(lambda: bench.NanoGPT(vocab=512, d=64, layers=2, heads=4, seq=64), x, y, 5)
+    dev, cpu = _bf16_autocast_losses(lambda: train.NanoGPT(vocab=512, d=64, layers=2, heads=4, seq=64), x, y, 5)
     torch.testing.assert_close(dev, cpu, rtol=2e-3, atol=2e-3)

@@ -7,14 +7,7 @@ import sys
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Trainer, TrainingArguments
 
-
-class Tokens(torch.utils.data.Dataset):
-    def __len__(self):
-        return 32
-
-    def __getitem__(self, i):
-        ids = torch.randint(1, 128, (16,), generator=torch.Generator().manual_seed(i))
-        return {"input_ids": ids, "labels": ids}
+from torch_neuronx.testing.models import TokenDataset
 
 
 def main(out):
@@ -24,7 +17,7 @@ def main(out):
     model = AutoModelForCausalLM.from_config(cfg)
     args = TrainingArguments(output_dir=out, per_device_train_batch_size=4, max_steps=4, learning_rate=1e-3,
                              report_to=[], disable_tqdm=True, logging_steps=1, save_strategy="no")
-    trainer = Trainer(model=model, args=args, train_dataset=Tokens())
+    trainer = Trainer(model=model, args=args, train_dataset=TokenDataset(n=32, seq=16, vocab=128))
     trainer.train()
     rank = int(os.environ["RANK"])
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
