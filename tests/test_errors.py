@@ -219,6 +219,44 @@ def test_async_error_on_side_stream_reported_by_stream_sync():
     assert torch.equal(out.cpu(), torch.full((3,), 2.0))
 
 
+def _line_of(marker):
+    """This file's line holding `marker` (a comment on the line that queues the failing op)."""
+    import inspect
+    src = inspect.getsource(inspect.getmodule(_line_of)).splitlines()
+    return next(i + 1 for i, text in enumerate(src) if marker in text and "_line_of" not in text)
+
+
+def test_async_error_names_the_line_that_queued_the_op_through_library_frames():
+    # F.embedding's own frames (torch/nn/functional.py) are skipped: the error names this file.
+    s = torch.neuron.Stream()
+    w = torch.randn(1000, 64, device="neuron")
+    ids = (torch.arange(8, device="neuron") * 300)  # computed on the device: the host never saw 2100
+    with torch.neuron.stream(s):
+        torch.nn.functional.embedding(ids, w)  # origin-marker-embedding
+    with pytest.raises(IndexError) as ei:
+        s.synchronize()
+    assert f"(enqueued at {__file__}:{_line_of('origin-marker-embedding')})" in str(ei.value), str(ei.value)
+    _assert_device_healthy()
+
+
+def test_op_origins_can_be_turned_off():
+    script = textwrap.dedent(
+        """
+        import torch, torch_neuronx
+        x = torch.arange(5.0, device="neuron")
+        torch.index_select(x, 0, torch.tensor([0, 10], device="neuron"))
+        try:
+            torch.neuron.synchronize()
+        except IndexError as e:
+            print("enqueued at" in str(e))
+        """
+    )
+    for value, named in (("0", "False"), ("1", "True")):
+        p = subprocess.run([sys.executable, "-c", script], env=clean_env(TORCH_NEURONX_OP_ORIGINS=value),
+                           capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0 and p.stdout.split() == [named], (value, p.stdout, p.stderr[-2000:])
+
+
 def test_async_error_on_other_device():
     with torch.neuron.device(1):
         _bad_index_select()

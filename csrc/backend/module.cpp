@@ -5,6 +5,8 @@
 #include <pybind11/stl.h>
 
 #include <chrono>
+#include <cstdlib>
+#include <filesystem>
 #include <thread>
 
 #include <ATen/detail/PrivateUse1HooksInterface.h>
@@ -18,6 +20,7 @@
 #include "backend/common.h"
 #include "backend/fallback_policy.h"
 #include "backend/metrics.h"
+#include "backend/op_origin.h"
 #include "backend/python_hooks.h"
 #include "backend/registration.h"
 #include "runtime/host_allocator.h"
@@ -84,6 +87,17 @@ PYBIND11_MODULE(_C, m) {
       [](void* token) {
         if (token) PyEval_RestoreThread(static_cast<PyThreadState*>(token));
       }});
+
+  if (const char* v = std::getenv("TORCH_NEURONX_OP_ORIGINS"); !v || std::string(v) != "0") {
+    // Kernel origins skip torch's and our own frames (their package directories).
+    namespace fs = std::filesystem;
+    std::vector<std::string> dirs;
+    for (const char* mod : {"torch", "torch_neuronx"}) {
+      py::object file = py::module_::import(mod).attr("__file__");
+      dirs.push_back(fs::path(file.cast<std::string>()).parent_path().string() + "/");
+    }
+    install_op_origins(dirs);
+  }
 
   m.def("_device_count", [] { return rt::device_count(); });
   m.def("_is_initialized", [] { return rt::is_initialized(); });

@@ -1,4 +1,5 @@
 #include "runtime/config.h"
+#include "runtime/queue.h"
 
 #include <unistd.h>
 
@@ -33,7 +34,8 @@ bool all_digits(const std::string& s) {
 
 std::string TaskError::describe() const {
   std::string s = "neuron kernel '" + op + "' failed: " + message;
-  if (!origin.empty()) s += " (enqueued at " + origin + ")";
+  const std::string where = resolve_origin(origin);
+  if (!where.empty()) s += " (enqueued at " + where + ")";
   return s;
 }
 

@@ -39,7 +39,7 @@ struct KernelError : std::runtime_error {
 struct TaskError {
   std::string op;       // op name of the failing task ("aten::index_select")
   std::string message;  // what the kernel said
-  std::string origin;   // where the host enqueued it, if known ("train.py:42")
+  uint64_t origin = 0;  // where the host enqueued it (Kernel::origin), 0 if unknown
   int category = 0;     // KernelError category of the failure
   std::string describe() const;
 };

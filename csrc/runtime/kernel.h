@@ -14,8 +14,9 @@ class Kernel {
   virtual ~Kernel() = default;
   virtual void run() = 0;
   virtual const char* name() const = 0;
-  // Where the host enqueued this kernel ("file.py:12"), if the caller knows.
-  std::string origin;
+  // Where the host enqueued this kernel: a token from the origin capture hook (queue.h), resolved
+  // to "file.py:12" only when an error names it; 0 when unknown.
+  uint64_t origin = 0;
   // Set at launch while a task observer is installed (profiling): the
   // launching host op's tag (its profiler correlation id) and the enqueue time.
   uint64_t correlation = 0;

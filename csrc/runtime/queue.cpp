@@ -12,6 +12,8 @@ namespace {
 
 std::atomic<TaskObserver> g_observer{nullptr};
 std::atomic<LaunchTagFn> g_launch_tag{nullptr};
+std::atomic<OriginCaptureFn> g_origin_capture{nullptr};
+std::atomic<OriginResolveFn> g_origin_resolve{nullptr};
 
 std::mutex& engines_mu() {
   static auto* m = new std::mutex;
@@ -23,6 +25,16 @@ std::vector<Engine*>& engines() {
 }
 
 }  // namespace
+
+void set_origin_hooks(OriginCaptureFn capture, OriginResolveFn resolve) {
+  g_origin_resolve.store(resolve);
+  g_origin_capture.store(capture);
+}
+
+std::string resolve_origin(uint64_t token) {
+  OriginResolveFn f = g_origin_resolve.load(std::memory_order_relaxed);
+  return token && f ? f(token) : std::string();
+}
 
 void set_task_observer(TaskObserver fn, LaunchTagFn tag) {
   g_launch_tag.store(tag);
@@ -96,6 +108,8 @@ uint64_t Queue::submit(Task&& t) {
 }
 
 void Queue::launch(std::unique_ptr<Kernel> k) {
+  if (OriginCaptureFn capture = g_origin_capture.load(std::memory_order_relaxed); capture && !k->origin)
+    k->origin = capture();
   if (g_observer.load(std::memory_order_relaxed)) {
     k->enqueue_ns = now_ns();
     if (LaunchTagFn tag = g_launch_tag.load(std::memory_order_relaxed)) k->correlation = tag();

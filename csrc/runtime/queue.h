@@ -51,6 +51,13 @@ using TaskObserver = void (*)(const TaskRecord&);
 // Called on the launching thread for each kernel while an observer is set.
 using LaunchTagFn = uint64_t (*)();
 void set_task_observer(TaskObserver fn, LaunchTagFn tag = nullptr);
+// Where the host enqueues work: `capture` runs on the launching thread for every kernel and
+// returns a token for the caller's code location (0: unknown), kept in Kernel::origin; `resolve`
+// turns a token into "file.py:12" when a failure is described. Set by the layer above.
+using OriginCaptureFn = uint64_t (*)();
+using OriginResolveFn = std::string (*)(uint64_t);
+void set_origin_hooks(OriginCaptureFn capture, OriginResolveFn resolve);
+std::string resolve_origin(uint64_t token);  // "" when unknown or no resolver is set
 // Whether an observer is set: a kernel made of steps (a compiled program) then reports each
 // step with report_step, as a task of the running kernel's queue linked to its host op, and
 // marks itself so that the whole is not reported again on top of its steps.

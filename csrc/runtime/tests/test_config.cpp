@@ -204,11 +204,15 @@ TEST(Config, ProcessConfigMatchesEnvironmentDefaults) {
 }
 
 TEST(TaskError, Describe) {
-  rt::TaskError e{"aten::index_select", "index 7 out of range", ""};
+  rt::TaskError e{"aten::index_select", "index 7 out of range", 0};
   EXPECT_EQ(e.describe(), "neuron kernel 'aten::index_select' failed: index 7 out of range");
-  e.origin = "train.py:42";
+  e.origin = 42;
+  EXPECT_EQ(e.describe(), "neuron kernel 'aten::index_select' failed: index 7 out of range")
+      << "no resolver: the token is not shown";
+  rt::set_origin_hooks(nullptr, [](uint64_t t) { return "train.py:" + std::to_string(t); });
   EXPECT_EQ(e.describe(),
             "neuron kernel 'aten::index_select' failed: index 7 out of range (enqueued at train.py:42)");
+  rt::set_origin_hooks(nullptr, nullptr);
 }
 
 }  // namespace

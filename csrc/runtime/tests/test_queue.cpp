@@ -86,13 +86,13 @@ TEST(Queue, QueryPendingAndInspectWhileBlocked) {
   q.launch(trace.k("aten::add"));
   q.launch(trace.k("aten::mul"));
   auto origin_kernel = trace.k("aten::relu");
-  origin_kernel->origin = "model.py:7";
+  origin_kernel->origin = 7;
   q.launch(std::move(origin_kernel));
 
   EXPECT_FALSE(q.query());
   EXPECT_EQ(q.pending(), 4u) << "the running gate kernel counts as pending";
   Names names;
-  std::vector<std::string> origins;
+  std::vector<uint64_t> origins;
   q.inspect([&](const rt::Task& t) {
     ASSERT_EQ(t.kind, rt::Task::Kind::kKernel);
     names.emplace_back(t.kernel->name());
@@ -100,7 +100,7 @@ TEST(Queue, QueryPendingAndInspectWhileBlocked) {
   });
   // Only queued, not yet started tasks, in submission order.
   EXPECT_EQ(names, (Names{"aten::add", "aten::mul", "aten::relu"}));
-  EXPECT_EQ(origins, (std::vector<std::string>{"", "", "model.py:7"}));
+  EXPECT_EQ(origins, (std::vector<uint64_t>{0, 0, 7}));
   EXPECT_TRUE(trace.get().empty());
 
   gate.open();
@@ -222,18 +222,38 @@ TEST(Engine, BlockedHighPriorityQueueDoesNotStarveOthers) {
   EXPECT_EQ(trace.get(), (Names{"normal", "high"}));
 }
 
+TEST(QueueOrigin, CaptureHookTagsEachLaunchUnlessTheKernelHasOne) {
+  Rig rig;
+  rt::Queue& q = rig.add(0);
+  Gate gate;
+  q.launch(gate.kernel("gate"));
+  ASSERT_TRUE(gate.wait_started());
+  rt::set_origin_hooks([]() -> uint64_t { return 5; }, nullptr);
+  q.launch(fn("captured", [] {}));
+  q.launch(failing("preset", "x", 9));
+  rt::set_origin_hooks(nullptr, nullptr);
+  q.launch(fn("after", [] {}));
+  std::vector<uint64_t> origins;
+  q.inspect([&](const rt::Task& t) { origins.push_back(t.kernel->origin); });
+  EXPECT_EQ(origins, (std::vector<uint64_t>{5, 9, 0}));
+  gate.open();
+  EXPECT_THROW(q.synchronize(), rt::Error);
+}
+
 // ---------------------------------------------------------------- errors
 
 TEST(QueueErrors, FailingKernelPoisonsUntilReported) {
   Rig rig;
   rt::Queue& q = rig.add(0);
   std::atomic<int> ran{0};
+  rt::set_origin_hooks(nullptr, [](uint64_t t) { return "train.py:" + std::to_string(t); });
   q.launch(fn("ok1", [&] { ++ran; }));
-  q.launch(failing("aten::index_select", "index 9 is out of bounds", "train.py:42"));
+  q.launch(failing("aten::index_select", "index 9 is out of bounds", 42));
   q.launch(fn("skipped", [&] { ran += 100; }));
   q.launch(fn("skipped2", [&] { ran += 100; }));
   EXPECT_RT_ERROR(q.synchronize(), ErrorCode::kKernelFailed, "aten::index_select",
                   "index 9 is out of bounds", "train.py:42");
+  rt::set_origin_hooks(nullptr, nullptr);
   EXPECT_EQ(ran.load(), 1) << "kernels after the failure must be skipped";
   EXPECT_EQ(q.peek_error(), nullptr);
 

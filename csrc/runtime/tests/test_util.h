@@ -29,10 +29,9 @@ inline std::unique_ptr<Kernel> fn(const char* name, std::function<void()> f) {
   return std::make_unique<FunctionKernel>(name, std::move(f));
 }
 
-inline std::unique_ptr<Kernel> failing(const char* name, const std::string& msg,
-                                       std::string origin = {}) {
+inline std::unique_ptr<Kernel> failing(const char* name, const std::string& msg, uint64_t origin = 0) {
   auto k = std::make_unique<FunctionKernel>(name, [msg] { throw std::runtime_error(msg); });
-  k->origin = std::move(origin);
+  k->origin = origin;
   return k;
 }
 
