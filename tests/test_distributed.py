@@ -116,11 +116,16 @@ def test_bad_peer_access_setting_is_a_clear_error(tmp_path):
 
 
 def test_ddp_matches_cpu(tmp_path):
-    results, _ = launch("ddp", tmp_path)
+    results, outs = launch("ddp", tmp_path)
     for r in results:
+        timers = {k: r.pop(k) for k in [k for k in r if k.startswith("timer ")]}
         assert set(r) == {"find_unused=False", "find_unused=True"}
         # every step's gradients: the MLP's 6 parameters (the unused layer has none)
         assert all(v["steps"] == 10 and v["grads"] == 10 * 6 for v in r.values())
+        # DDP's runtime statistics are collected on neuron (device time from our timer)
+        assert len(timers) == 2 and all(t[k] and t[k] > 0 for t in timers.values() for k in t), timers
+    for _, out in outs:  # and DDP has nothing to warn about for this device
+        assert "Time stats are currently only collected" not in out, out[-2000:]
 
 
 def test_fsdp2_matches_cpu(tmp_path):

@@ -472,6 +472,10 @@ def ddp(out):
                 opt.zero_grad()
                 losses.append(loss.item())
             runs[device] = (losses, [p.detach().cpu() for p in model.parameters()], grads)
+            if device == "neuron":  # DDP's runtime statistics, timed by our reducer timer
+                data = ddp_model._get_ddp_logging_data()
+                res[f"timer find_unused={find_unused}"] = {k: data.get(k) for k in (
+                    "avg_forward_compute_time", "avg_backward_compute_time", "avg_backward_comm_time")}
         res[f"find_unused={find_unused}"] = _compare_runs("ddp", runs)
     # replicas stay identical across ranks
     gathered = [None] * world()
