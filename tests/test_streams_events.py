@@ -334,16 +334,34 @@ def test_accelerator_set_stream():
     assert torch.neuron.current_stream().stream_id == 0
 
 
-def test_record_stream_is_supported():
+def test_record_stream_keeps_a_block_from_reuse_until_the_side_stream_has_read_it():
+    # x is allocated on the default stream, read on a side stream that is still busy, recorded
+    # there and freed: its block must not go to a new tensor of the default stream (which writes
+    # 7s into it) before the side stream has read x, and must be reusable once it has.
     side = torch.neuron.Stream()
-    x = torch.ones(1024, device="neuron")
+    n = 3 << 20  # 12 MiB: a size no other tensor here has
+    x = torch.full((n,), 3.0, device="neuron")
+    busy = torch.full((1024, 1024), 1e-3, device="neuron")
+    with torch.neuron.stream(side):
+        torch.tanh(busy @ busy) * 5  # (first calls of a signature run inline: not in the timed part)
+        x * 5
     torch.neuron.synchronize()
     with torch.neuron.stream(side):
+        for _ in range(20):  # keeps the side stream busy well past the default stream's writes
+            busy = torch.tanh(busy @ busy)
         y = x * 5
     x.record_stream(side)
+    x_ptr = x.data_ptr()
     del x
+    z = torch.full((n,), 7.0, device="neuron")  # same size class: the freed block if allowed
+    assert not side.query(), "the side stream finished too early for this test to mean anything"
+    assert z.data_ptr() != x_ptr, "the block went to the default stream while the side stream still reads it"
     side.synchronize()
-    assert torch.equal(y.cpu(), torch.full((1024,), 5.0))
+    assert torch.equal(y.cpu(), torch.full((n,), 15.0))
+    del z
+    torch.neuron.synchronize()
+    w = [torch.empty(n, device="neuron") for _ in range(2)]  # x's block and z's are both free
+    assert x_ptr in {t.data_ptr() for t in w}, "the recorded block did not return to the pool after the side stream"
 
 
 def test_event_on_other_device():
