@@ -540,6 +540,22 @@ def test_symbolic_size_arithmetic_is_evaluated_per_launch():
     assert m["compiles"] == 1 and m["recompiles"] == 0 and m["eager_graphs"] == 0, {k: m[k] for k in ("compiles", "recompiles", "recompile_reasons", "eager_reasons")}
 
 
+def test_sym_sum_of_sizes_is_a_scalar_op_of_the_executable():
+    # torch.sym_sum (Hugging Face's generate sums cache lengths with it) takes its terms as one
+    # list; it is evaluated at launch like the other scalar ops, so the graph compiles.
+    def f(a, b, c):
+        n = torch.sym_sum([a.shape[0], b.shape[0], c.shape[0]])
+        return torch.cat([a, b, c]).view(n, -1) * 2, torch.ones(n, device=a.device)
+
+    g = torch.compile(f, backend="neuron", dynamic=True)
+    for k in (10, 20):  # (no operand with 4 rows: duck sizing would tie it to the width)
+        a, b, c = torch.randn(k, 4), torch.randn(k + 1, 4), torch.randn(2, 4)
+        for got, want in zip(g(a.to("neuron"), b.to("neuron"), c.to("neuron")), f(a, b, c)):
+            torch.testing.assert_close(got.cpu(), want)
+    m = compile_metrics()
+    assert m["compiles"] == 1 and m["eager_graphs"] == 0, (m["eager_reasons"], m["recompile_reasons"])
+
+
 @pytest.mark.parametrize("tokens,message", [(["s:s9"], "unbound symbol s9"), (["i:2", "^"], r"unknown size expression operator \^"),
                                             (["i:2", "+"], "malformed size expression")])
 def test_a_bad_size_expression_is_rejected_when_the_graph_is_built(tokens, message):

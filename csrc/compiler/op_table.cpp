@@ -219,6 +219,16 @@ void add_scalar_ops(Table& t) {
   put(scalar(OpId::kScalarSqrt, "sqrt", [](const auto& a) { return c10::IValue(std::sqrt(x(a, 0))); }));
   put(arithmetic(OpId::kSymMax, "sym_max", [](double a, double b) { return std::max(a, b); }));
   put(arithmetic(OpId::kSymMin, "sym_min", [](double a, double b) { return std::min(a, b); }));
+  put(scalar(OpId::kSymSum, "sym_sum", [](const auto& a) {  // any number of terms; ints summed exactly
+    if (all_ints(a)) {
+      int64_t s = 0;
+      for (const auto& v : a) s += v.isInt() ? v.toInt() : static_cast<int64_t>(v.toBool());
+      return c10::IValue(s);
+    }
+    double s = 0;
+    for (size_t k = 0; k < a.size(); ++k) s += x(a, k);
+    return c10::IValue(s);
+  }));
   put(compare(OpId::kEq, "eq", [](double a, double b) { return a == b; }));
   put(compare(OpId::kNe, "ne", [](double a, double b) { return a != b; }));
   put(compare(OpId::kLt, "lt", [](double a, double b) { return a < b; }));

@@ -36,7 +36,7 @@ enum class OpId : uint8_t {
   kFlashAttentionCpuBackward,
   // Scalar ops Dynamo leaves over symbolic sizes and floats (host work at launch).
   kSymSize, kSymStride, kSymNumel, kScalarAdd, kScalarSub, kScalarMul, kScalarTrueDiv, kScalarFloorDiv, kScalarMod,
-  kScalarNeg, kScalarPow, kSymFloat, kSymInt, kTrunc, kFloor, kCeil, kScalarSqrt, kSymMax, kSymMin, kEq, kNe, kLt,
+  kScalarNeg, kScalarPow, kSymFloat, kSymInt, kTrunc, kFloor, kCeil, kScalarSqrt, kSymMax, kSymMin, kSymSum, kEq, kNe, kLt,
   kLe, kGt, kGe,
   kCount
 };

@@ -33,7 +33,7 @@ SCALAR_OPS = {
     operator.eq: "eq", operator.ne: "ne", operator.lt: "lt", operator.le: "le", operator.gt: "gt",
     operator.ge: "ge", torch.sym_float: "sym_float", torch.sym_int: "sym_int", torch.sym_max: "sym_max",
     torch.sym_min: "sym_min", math.floor: "floor", math.ceil: "ceil", math.trunc: "trunc", math.sqrt: "sqrt",
-    torch._sym_sqrt: "sqrt",
+    torch._sym_sqrt: "sqrt", torch.sym_sum: "sym_sum",
 }
 SIZE_OPS = {aten.sym_size.int: "sym_size", aten.sym_stride.int: "sym_stride", aten.sym_numel.default: "sym_numel"}
 
@@ -153,7 +153,8 @@ class Exporter:
         if t in SIZE_OPS or t in SCALAR_OPS:
             i = self.value(n.name, val)
             self.ids[n] = i
-            self.nodes.append(("scalar", SIZE_OPS.get(t) or SCALAR_OPS[t], [self.arg(a) for a in n.args], {}, [i]))
+            args = n.args[0] if t is torch.sym_sum else n.args  # sym_sum takes its terms as one list
+            self.nodes.append(("scalar", SIZE_OPS.get(t) or SCALAR_OPS[t], [self.arg(a) for a in args], {}, [i]))
             return
         if t is torch.ops.higher_order.with_effects:
             return self.effectful_call(n)
