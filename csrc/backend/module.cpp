@@ -5,8 +5,6 @@
 #include <pybind11/stl.h>
 
 #include <chrono>
-#include <cstdlib>
-#include <filesystem>
 #include <thread>
 
 #include <ATen/detail/PrivateUse1HooksInterface.h>
@@ -88,16 +86,7 @@ PYBIND11_MODULE(_C, m) {
         if (token) PyEval_RestoreThread(static_cast<PyThreadState*>(token));
       }});
 
-  if (const char* v = std::getenv("TORCH_NEURONX_OP_ORIGINS"); !v || std::string(v) != "0") {
-    // Kernel origins skip torch's and our own frames (their package directories).
-    namespace fs = std::filesystem;
-    std::vector<std::string> dirs;
-    for (const char* mod : {"torch", "torch_neuronx"}) {
-      py::object file = py::module_::import(mod).attr("__file__");
-      dirs.push_back(fs::path(file.cast<std::string>()).parent_path().string() + "/");
-    }
-    install_op_origins(dirs);
-  }
+  install_op_origins();
 
   m.def("_device_count", [] { return rt::device_count(); });
   m.def("_is_initialized", [] { return rt::is_initialized(); });

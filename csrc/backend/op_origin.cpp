@@ -21,6 +21,8 @@
 #undef Py_BUILD_CORE
 #endif
 
+#include <cstdlib>
+#include <filesystem>
 #include <mutex>
 #include <string>
 #include <string_view>
@@ -133,10 +135,21 @@ std::string resolve(uint64_t token) {
 
 }  // namespace
 
-void install_op_origins(const std::vector<std::string>& library_dirs) {
+void install_op_origins() {
+  if (const char* v = std::getenv("TORCH_NEURONX_OP_ORIGINS"); v && std::string(v) == "0") return;
+  std::vector<std::string> dirs;
+  for (const char* mod : {"torch", "torch_neuronx"}) {
+    PyObject* m = PyImport_ImportModule(mod);  // (torch_neuronx: the package importing us)
+    PyObject* file = m ? PyObject_GetAttrString(m, "__file__") : nullptr;
+    const char* path = file ? PyUnicode_AsUTF8(file) : nullptr;
+    if (path) dirs.push_back(std::filesystem::path(path).parent_path().string() + "/");
+    Py_XDECREF(file);
+    Py_XDECREF(m);
+    if (!path) PyErr_Clear();
+  }
   {
     std::lock_guard<std::mutex> g(g_mu);
-    g_library_dirs = library_dirs;
+    g_library_dirs = std::move(dirs);
   }
   rt::set_origin_hooks(&capture, &resolve);
 }
