@@ -1,3 +1,5 @@
+// Executable::launch, on the host: binds the symbols, allocates the outputs and the arena, and
+// enqueues the whole program on the current stream as one task.
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
 

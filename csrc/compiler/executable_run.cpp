@@ -1,3 +1,5 @@
+// The program on the queue (Executable::execute): its steps in order, fused loops over rows or
+// flat elements, and library calls (run_node) on CPU views of device memory.
 #include <ATen/ExpandUtils.h>
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
