@@ -4,7 +4,6 @@
 
 #include <ATen/core/LegacyTypeDispatch.h>
 
-
 #include "backend/launch_checks.h"
 #include "backend/tensor_views.h"
 
