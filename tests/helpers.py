@@ -11,3 +11,14 @@ def clean_env(**overrides):
     env = {k: v for k, v in os.environ.items() if not k.startswith(DEVICE_ENV_PREFIXES)}
     env.update({k: str(v) for k, v in overrides.items()})
     return env
+
+
+def fresh_large_size(device, at_least=32 << 20):
+    """A 2 MiB multiple >= 10 MiB that no cached block of `device` can serve: a tensor of that
+    many bytes gets a segment of its own, and the next request of the size gets its block back."""
+    import torch
+
+    free = [b["size"] for seg in torch.neuron.memory_snapshot(device) for b in seg["blocks"]
+            if b["state"] != "active_allocated"]
+    n = max(at_least, max(free, default=0) + (2 << 20))
+    return (n + (2 << 20) - 1) // (2 << 20) * (2 << 20)

@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 import torch
-from helpers import clean_env
+from helpers import clean_env, fresh_large_size
 
 MiB = 1 << 20
 DEV = 1  # device for exact accounting checks
@@ -26,18 +26,6 @@ def _clean(device=DEV):
 
 def _stat(key, device=DEV):
     return torch.neuron.memory_stats(device)[key]
-
-
-def _largest_free_block(device=DEV):
-    sizes = [b["size"] for seg in torch.neuron.memory_snapshot(device) for b in seg["blocks"]
-             if b["state"] != "active_allocated"]
-    return max(sizes, default=0)
-
-
-def _fresh_large_size(device=DEV, at_least=32 * MiB):
-    """A 2 MiB multiple >= 10 MiB that no cached block can serve: it gets a segment of its own."""
-    n = max(at_least, _largest_free_block(device) + 2 * MiB)
-    return (n + 2 * MiB - 1) // (2 * MiB) * (2 * MiB)
 
 
 def _u8(n, device=DEV):
@@ -193,7 +181,7 @@ def test_small_pool_segment_is_2mib_large_pool_segment_is_20mib():
 
 def test_large_allocation_gets_own_rounded_segment():
     _clean()
-    n = _fresh_large_size() + 3 * 512  # not a 2 MiB multiple
+    n = fresh_large_size(DEV) + 3 * 512  # not a 2 MiB multiple
     r0 = torch.neuron.memory_reserved(DEV)
     x = _u8(n)
     seg = (n + 2 * MiB - 1) // (2 * MiB) * (2 * MiB)
@@ -203,7 +191,7 @@ def test_large_allocation_gets_own_rounded_segment():
 
 def test_empty_cache_lowers_reserved():
     _clean()
-    n = _fresh_large_size()
+    n = fresh_large_size(DEV)
     a0, r0 = torch.neuron.memory_allocated(DEV), torch.neuron.memory_reserved(DEV)
     free0, total = torch.neuron.mem_get_info(DEV)
     x = _u8(n)
@@ -233,7 +221,7 @@ def test_empty_cache_keeps_live_tensors():
 
 def test_accelerator_empty_cache():
     _clean()
-    n = _fresh_large_size()
+    n = fresh_large_size(DEV)
     r0 = torch.neuron.memory_reserved(DEV)
     x = _u8(n)
     del x
@@ -249,7 +237,7 @@ def test_peak_stats_and_reset():
     a0 = torch.neuron.memory_allocated(DEV)
     assert torch.neuron.max_memory_allocated(DEV) == a0
     assert torch.neuron.max_memory_reserved(DEV) == torch.neuron.memory_reserved(DEV)
-    n = _fresh_large_size()
+    n = fresh_large_size(DEV)
     x = _u8(n)
     del x
     torch.neuron.synchronize(DEV)
@@ -286,7 +274,7 @@ def test_reset_accumulated_stats():
 
 def test_memory_summary_contains_numbers():
     _clean()
-    n = _fresh_large_size(at_least=24 * MiB)
+    n = fresh_large_size(DEV, at_least=24 * MiB)
     x = _u8(n)
     s = torch.neuron.memory_summary(DEV)
     assert isinstance(s, str)

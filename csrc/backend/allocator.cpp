@@ -37,8 +37,9 @@ class NeuronDeviceAllocator final : public c10::DeviceAllocator {
   c10::DataPtr allocate(size_t n) override {
     const c10::DeviceIndex d = current_device();
     rt::Device& dev = runtime_device(d);
+    rt::Queue& stream = current_queue(d);
     void* handle = nullptr;
-    void* p = translate([&] { return dev.allocator().malloc(n, &handle); });
+    void* p = translate([&] { return dev.allocator().malloc(n, &handle, &stream); });
     return {p, handle, &device_delete, c10::Device(kNeuron, d)};
   }
   c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
@@ -52,9 +53,7 @@ class NeuronDeviceAllocator final : public c10::DeviceAllocator {
     if (!rt::is_initialized()) return;
     for (int i = 0; i < rt::device_count(); ++i) runtime_device(i).allocator().empty_cache();
   }
-  // Queued tasks hold references to every storage they touch, so a block is
-  // never reused while another stream still needs it: nothing to record.
-  void recordStream(const c10::DataPtr&, c10::Stream) override {}
+  void recordStream(const c10::DataPtr& ptr, c10::Stream s) override { record_stream_use(ptr, s); }
   c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex d) override {
     const rt::AllocatorStats s = runtime_device(d).allocator().stats();
     c10::CachingDeviceAllocator::DeviceStats o;
@@ -120,6 +119,17 @@ NeuronHostAllocator g_host_allocator;
 }  // namespace
 
 c10::Allocator* device_allocator() { return &g_device_allocator; }
+
+const rt::Queue* allocation_stream(const c10::DataPtr& p) {
+  return p.get_deleter() == &device_delete ? rt::CachingAllocator::stream_of(p.get_context()) : nullptr;
+}
+
+void record_stream_use(const c10::DataPtr& p, c10::Stream s) {
+  TORCH_CHECK(s.device_type() == kNeuron, "record_stream: expected a neuron stream, got ", s);
+  if (p.get_deleter() != &device_delete) return;  // not from this allocator (e.g. a view of host memory)
+  rt::Queue& q = translate([&]() -> rt::Queue& { return runtime_device(s.device_index()).queue(static_cast<uint64_t>(s.id())); });
+  rt::CachingAllocator::record_stream(p.get_context(), &q);
+}
 at::HostAllocator* host_allocator() { return &g_host_allocator; }
 bool is_pinned_ptr(const void* p) { return rt::HostAllocator::instance().is_pinned(p); }
 

@@ -53,7 +53,7 @@ at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_bloc
       at::assert_no_internal_overlap(dst);
       at::assert_no_partial_overlap(dst, src);
       note_device_copy(dst, src);
-      AliasSet aliases;
+      AliasSet aliases(&qd);
       at::Tensor d_alias = aliases.cpu(dst), s_alias = aliases.cpu(src);
       translate([&] { qd.launch(copy_kernel("neuron::copy_d2d", std::move(d_alias), std::move(s_alias))); });
       return dst;
@@ -76,7 +76,7 @@ at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_bloc
     const bool async = non_blocking && is_pinned_ptr(src.storage().data_ptr().get());
     note_host_copy(dst, src);
     translate([&] {
-      q.launch(copy_kernel("neuron::copy_h2d", cpu_alias(dst), src));
+      q.launch(copy_kernel("neuron::copy_h2d", cpu_alias(dst, false, &q), src));
       if (!async) {
         count_sync(SyncReason::kBlockingCopy);
         q.synchronize();
@@ -89,7 +89,7 @@ at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_bloc
   rt::Queue& q = current_queue(src.device().index());
   const bool async = non_blocking && is_pinned_ptr(dst.storage().data_ptr().get());
   translate([&] {
-    q.launch(copy_kernel("neuron::copy_d2h", dst, cpu_alias(src)));
+    q.launch(copy_kernel("neuron::copy_d2h", dst, cpu_alias(src, false, &q)));
     if (!async) {
       count_sync(SyncReason::kCopyToHost);
       q.synchronize();

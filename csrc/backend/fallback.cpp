@@ -516,7 +516,8 @@ void launch(OpAnalysis& a, c10::ArrayRef<c10::IValue> args, const std::shared_pt
   auto k = std::make_unique<OpKernel>(&a, mode);
   k->set_geometry(mr);
   k->args().reserve(a.num_args);
-  AliasSet alias_set;
+  rt::Queue& q = current_queue(d);
+  AliasSet alias_set(&q);
   for (size_t i = 0; i < a.num_args; ++i)
     k->args().push_back(kernel_operand(a, i, args[i], d, false, alias_set));
   if (mode != OpKernel::Mode::kDirect) {
@@ -525,7 +526,6 @@ void launch(OpAnalysis& a, c10::ArrayRef<c10::IValue> args, const std::shared_pt
       if (a.ret_arg[r] < 0)
         k->outs()[r] = map_tensors(results[r], [&](const at::Tensor& t) { return alias_set.cpu(t); });
   }
-  rt::Queue& q = current_queue(d);
   thread_local std::string dtype_key;
   bool validated = mr->dtypes_validated.load(std::memory_order_relaxed);
   if (!validated) {

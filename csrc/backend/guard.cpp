@@ -4,6 +4,7 @@
 #include <c10/core/DeviceCapability.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
+#include "backend/allocator.h"
 #include "backend/common.h"
 
 namespace neuronx {
@@ -115,8 +116,7 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     rt::Device& dev = runtime_device(d);
     translate([&] { dev.synchronize(); });
   }
-  // See NeuronDeviceAllocator::recordStream: tasks keep their storages alive.
-  void recordDataPtrOnStream(const c10::DataPtr&, const c10::Stream&) const override {}
+  void recordDataPtrOnStream(const c10::DataPtr& p, const c10::Stream& s) const override { record_stream_use(p, s); }
 };
 
 }  // namespace

@@ -111,14 +111,10 @@ const char* action_name(rt::TraceEntry::Action a) {
 }
 
 // {'segments': [...], 'device_traces': [[...]]} for one device, in the layout
-// of c10's CUDA allocator snapshot. Streams: blocks are not tied to a stream
-// here (queued kernels keep their operands alive), so stream is 0.
+// of c10's CUDA allocator snapshot. Frees are stream-ordered (runtime/caching_allocator.h),
+// so the snapshot shows the program's state at this call without waiting for the device.
 py::dict snapshot(int device) {
   rt::Device& dev = runtime_device(device);
-  // Memory used by queued kernels is freed when they finish: let the work
-  // issued so far complete, so the snapshot shows the program's state at
-  // this call. Errors stay for the user's next synchronize.
-  for (rt::Queue* q : dev.live_queues()) q->wait_idle();
   rt::CachingAllocator& a = dev.allocator();
   const std::vector<rt::SegmentInfo> segs = a.snapshot();
   const std::vector<rt::TraceEntry> trace = a.trace();
@@ -140,7 +136,7 @@ py::dict snapshot(int device) {
     d["allocated_size"] = s.allocated_size;
     d["active_size"] = s.allocated_size;
     d["requested_size"] = s.requested_size;
-    d["stream"] = 0;
+    d["stream"] = s.stream;
     d["segment_type"] = s.is_large ? "large" : "small";
     d["segment_pool_id"] = pool;
     d["is_expandable"] = false;
@@ -152,7 +148,7 @@ py::dict snapshot(int device) {
       bd["address"] = addr;
       bd["size"] = b.size;
       bd["requested_size"] = b.requested_size;
-      bd["state"] = b.allocated ? "active_allocated" : "inactive";
+      bd["state"] = b.pending_free ? "active_pending_free" : b.allocated ? "active_allocated" : "inactive";
       bd["frames"] = sym.frames(b.context);
       blocks.append(bd);
       addr += b.size;

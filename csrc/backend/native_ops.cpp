@@ -15,6 +15,7 @@
 #include <ATen/ops/view_native.h>
 #include <torch/library.h>
 
+#include "backend/allocator.h"
 #include "backend/copy.h"
 #include "backend/metrics.h"
 #include "backend/tensor_views.h"
@@ -125,11 +126,9 @@ at::Scalar local_scalar_dense(const at::Tensor& self) {
   return at::native::_local_scalar_dense_cpu(cpu_alias(self));
 }
 
-// Queued tasks hold their storages, so a tensor is never freed under another
-// stream: nothing to record. Registered because DDP and FSDP2 call it.
-void record_stream(at::Tensor&, c10::Stream s) {
-  TORCH_CHECK(s.device_type() == kNeuron, "record_stream: expected a neuron stream, got ", s);
-}
+// As on CUDA: once freed, the tensor's block is reused only after stream s has run
+// the work queued on it by then.
+void record_stream(at::Tensor& t, c10::Stream s) { record_stream_use(t.storage().data_ptr(), s); }
 
 // Same algorithm as ATen's CPU native_dropout, but drawing the mask from the
 // neuron generator (the CPU kernel would use the CPU default generator).

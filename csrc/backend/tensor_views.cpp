@@ -6,6 +6,8 @@
 
 #include <cstring>
 
+#include "backend/allocator.h"
+
 namespace neuronx {
 
 namespace {
@@ -59,7 +61,9 @@ c10::Storage AliasSet::cpu_storage(const at::Tensor& t, bool resizable) {
   if (const c10::Storage* storage = cpu_.find(st)) return *storage;
   void* base = st->data_ptr().get();
   c10::DataPtr data;
-  if (base) {
+  if (base && stream_ && allocation_stream(st->data_ptr()) == stream_) {
+    data = c10::DataPtr(base, c10::Device(c10::kCPU));
+  } else if (base) {
     c10::raw::intrusive_ptr::incref(st);
     data = c10::DataPtr(base, st, &release_storage, c10::Device(c10::kCPU));
   } else {
@@ -80,7 +84,9 @@ at::Tensor AliasSet::meta(const at::Tensor& t) {
   return make_alias(std::move(storage), t, c10::DispatchKey::Meta);
 }
 
-at::Tensor cpu_alias(const at::Tensor& t, bool resizable) { return AliasSet().cpu(t, resizable); }
+at::Tensor cpu_alias(const at::Tensor& t, bool resizable, const rt::Queue* stream) {
+  return AliasSet(stream).cpu(t, resizable);
+}
 
 Geometry Geometry::of(const at::Tensor& t) {
   Geometry g;

@@ -23,19 +23,24 @@ struct Geometry {
 // Host-side stand-ins for the neuron operands of one kernel.
 //
 // cpu(t): a CPU tensor over the same bytes, sizes, strides and offset as the
-// neuron tensor t. It keeps t's storage alive and snapshots t's metadata, so
-// later host-side changes to t (resize_, set_, t_()) do not affect queued work.
+// neuron tensor t. It snapshots t's metadata, so later host-side changes to t
+// (resize_, set_, t_()) do not affect queued work. For a kernel queued on `stream`
+// (the constructor's), an alias of a buffer allocated for that stream does not own
+// the memory: the allocator's stream order keeps it valid until the kernel ran
+// (runtime/caching_allocator.h). Any other alias keeps t's storage alive.
 // meta(t): a meta tensor with t's metadata, for the op's meta kernel.
 // Operands that share a neuron storage share one CPU (or meta) storage, so
 // ATen's overlap checks and alias handling see what the device sees.
 class AliasSet {
  public:
+  explicit AliasSet(const rt::Queue* stream = nullptr) : stream_(stream) {}
   at::Tensor cpu(const at::Tensor& t, bool resizable = false);
   at::Tensor meta(const at::Tensor& t);
   // A CPU storage over the bytes of t's (neuron) storage, one per storage.
   c10::Storage cpu_storage(const at::Tensor& t, bool resizable = false);
 
  private:
+  const rt::Queue* stream_;
   SmallIndex<const c10::StorageImpl*, c10::Storage> cpu_, meta_;
   // One alias per device tensor: an op given the same tensor twice (an
   // in-place op's self and out=) sees the same tensor twice, as on CPU
@@ -50,8 +55,8 @@ class DeviceBufferNotResizable : public c10::Error {
   using c10::Error::Error;
 };
 
-// A CPU alias of a single tensor (AliasSet().cpu(t)).
-at::Tensor cpu_alias(const at::Tensor& t, bool resizable = false);
+// A CPU alias of a single tensor (AliasSet(stream).cpu(t)).
+at::Tensor cpu_alias(const at::Tensor& t, bool resizable = false, const rt::Queue* stream = nullptr);
 
 // A neuron tensor that views base's storage with geometry g.
 at::Tensor view_with_geometry(const at::Tensor& base, const Geometry& g);

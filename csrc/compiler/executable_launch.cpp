@@ -18,11 +18,10 @@ namespace {
 class ExecKernel final : public rt::Kernel {
  public:
   ExecKernel(std::shared_ptr<const Executable> exe, std::vector<c10::IValue> env, std::vector<at::Tensor> outputs,
-             at::Tensor arena, char* arena_cpu, c10::DeviceIndex d)
+             char* arena_cpu, c10::DeviceIndex d)
       : exe_(std::move(exe)),
         env_(std::move(env)),
         outputs_(std::move(outputs)),
-        arena_(std::move(arena)),
         arena_cpu_(arena_cpu),
         device_(d) {}
   void run() override {
@@ -35,7 +34,6 @@ class ExecKernel final : public rt::Kernel {
     }
     env_.clear();
     outputs_.clear();
-    arena_ = at::Tensor();
   }
   const char* name() const override { return "neuron::executable"; }
 
@@ -43,7 +41,8 @@ class ExecKernel final : public rt::Kernel {
   std::shared_ptr<const Executable> exe_;
   std::vector<c10::IValue> env_;
   std::vector<at::Tensor> outputs_;
-  at::Tensor arena_;  // the launch's planned intermediates (device memory), kept until the task ran
+  // The launch's planned intermediates: device memory of the launching stream, freed by the host
+  // after the launch and reused by later work on that stream only (stream order).
   char* arena_cpu_;
   c10::DeviceIndex device_;
 };
@@ -77,7 +76,8 @@ std::vector<c10::IValue> Executable::launch(const std::vector<c10::IValue>& inpu
     }
   }
   std::vector<c10::IValue> env(g.values.size());
-  AliasSet aliases;
+  rt::Queue& queue = current_queue(d);
+  AliasSet aliases(&queue);
   std::vector<int> input_of(g.values.size(), -1);
   for (size_t i = 0; i < g.inputs.size(); ++i) {
     const c10::IValue& v = inputs[i];
@@ -162,8 +162,7 @@ std::vector<c10::IValue> Executable::launch(const std::vector<c10::IValue>& inpu
     arena_cpu = static_cast<char*>(aliases.cpu(arena).data_ptr());
   }
   translate([&] {
-    current_queue(d).launch(
-        std::make_unique<ExecKernel>(shared_from_this(), std::move(env), std::move(outs), std::move(arena), arena_cpu, d));
+    queue.launch(std::make_unique<ExecKernel>(shared_from_this(), std::move(env), std::move(outs), arena_cpu, d));
   });
   return results;
 }

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "runtime/error.h"
+#include "runtime/queue.h"
 #include "runtime/telemetry.h"
 
 namespace neuronx::rt {
@@ -25,6 +26,12 @@ std::string fmt_bytes(size_t b) {
 }
 
 }  // namespace
+
+bool CachingAllocator::Fence::passed() const { return !queue || queue->completed_seq() >= seq; }
+
+void CachingAllocator::Fence::wait() const {
+  if (queue) const_cast<Queue*>(queue)->wait_reached(seq);
+}
 
 CachingAllocator::CachingAllocator(int device, size_t capacity)
     : device_(device), capacity_(capacity) {}
@@ -60,12 +67,13 @@ void CachingAllocator::update_stats(bool small, StatArray AllocatorStats::*field
   }
 }
 
-CachingAllocator::Block* CachingAllocator::find_free(Pool& pool, size_t size) {
+CachingAllocator::Block* CachingAllocator::find_free(Pool& pool, const Queue* stream, size_t size) {
   Block key;
+  key.stream = stream;
   key.size = size;
   key.ptr = nullptr;
   auto it = pool.lower_bound(&key);
-  if (it == pool.end()) return nullptr;
+  if (it == pool.end() || (*it)->stream != stream) return nullptr;
   Block* b = *it;
   pool.erase(it);
   return b;
@@ -134,22 +142,23 @@ std::vector<TraceEntry> CachingAllocator::trace() const {
 }
 
 CachingAllocator::Block* CachingAllocator::new_segment(size_t alloc_size, bool small, size_t requested,
-                                                       const std::shared_ptr<AllocContext>& ctx) {
+                                                       const std::shared_ptr<AllocContext>& ctx, const Queue* stream) {
   if (reserved_ + alloc_size > effective_capacity()) {
     stats_.num_alloc_retries++;
-    if (!release_cached(alloc_size, effective_capacity()) || reserved_ + alloc_size > effective_capacity())
-      return nullptr;
+    release_cached(alloc_size, effective_capacity());
+    if (reserved_ + alloc_size > effective_capacity()) return nullptr;
   }
   void* mem = mmap(nullptr, alloc_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (mem == MAP_FAILED) return nullptr;
   // Huge pages, as HBM is mapped: fewer TLB misses, and far fewer pages for a
   // peer's cross-memory reads and writes to pin (docs/distributed.md). Only a hint.
   if (alloc_size >= (2u << 20)) madvise(mem, alloc_size, MADV_HUGEPAGE);
-  auto* seg = new Segment{static_cast<char*>(mem), alloc_size, small, nullptr, this, ctx};
+  auto* seg = new Segment{static_cast<char*>(mem), alloc_size, small, nullptr, this, stream, 0, ctx};
   auto* b = new Block;
   b->size = alloc_size;
   b->ptr = seg->base;
   b->seg = seg;
+  b->stream = stream;
   b->requested = requested;
   seg->head = b;
   segments_[seg->base] = seg;
@@ -179,7 +188,8 @@ bool CachingAllocator::release_cached(size_t needed, size_t budget) {
   // Free whole unused segments, largest first, until `needed` fits in `budget`.
   std::vector<Segment*> idle;
   for (auto& [base, seg] : segments_)
-    if (!seg->head->allocated && seg->head->next == nullptr) idle.push_back(seg);
+    if (!seg->head->allocated && seg->head->next == nullptr && Fence{seg->stream, seg->fence}.passed())
+      idle.push_back(seg);
   std::sort(idle.begin(), idle.end(), [](Segment* a, Segment* b) { return a->size > b->size; });
   bool freed = false;
   for (Segment* s : idle) {
@@ -190,15 +200,45 @@ bool CachingAllocator::release_cached(size_t needed, size_t budget) {
   return freed;
 }
 
-void* CachingAllocator::malloc(size_t n, void** handle) {
+std::vector<CachingAllocator::Fence> CachingAllocator::outstanding_fences_locked() const {
+  std::vector<Fence> out;
+  for (auto& [base, seg] : segments_) {
+    const Fence f{seg->stream, seg->fence};
+    if (!seg->head->allocated && seg->head->next == nullptr && !f.passed()) out.push_back(f);
+  }
+  for (const PendingFree& p : pending_)
+    for (const Fence& f : p.fences)
+      if (!f.passed()) out.push_back(f);
+  return out;
+}
+
+void CachingAllocator::wait_fences(const std::vector<Fence>& fences) {
+  for (const Fence& f : fences) f.wait();
+}
+
+void CachingAllocator::process_pending_locked() {
+  if (pending_.empty()) return;
+  auto done = [](const PendingFree& p) {
+    return std::all_of(p.fences.begin(), p.fences.end(), [](const Fence& f) { return f.passed(); });
+  };
+  std::vector<PendingFree> keep;
+  for (PendingFree& p : pending_) {
+    if (done(p)) free_block_locked(p.block, nullptr);
+    else keep.push_back(std::move(p));
+  }
+  pending_ = std::move(keep);
+}
+
+void* CachingAllocator::malloc(size_t n, void** handle, const Queue* stream) {
   *handle = nullptr;
   if (n == 0) return nullptr;
   std::shared_ptr<AllocContext> ctx = capture(false);
-  std::lock_guard<std::mutex> g(mu_);
+  std::unique_lock<std::mutex> g(mu_);
+  process_pending_locked();
   const size_t size = round_size(n);
   const bool small = size <= kSmallSize;
   Pool& pool = small ? small_pool_ : large_pool_;
-  Block* b = find_free(pool, size);
+  Block* b = find_free(pool, stream, size);
   if (!b) {
     size_t seg_size = small ? kSmallBuffer
                             : (size < kMinLargeAlloc ? kLargeBuffer
@@ -207,7 +247,21 @@ void* CachingAllocator::malloc(size_t n, void** handle) {
       const auto budget = static_cast<size_t>(gc_threshold_ * static_cast<double>(effective_capacity()));
       if (reserved_ + seg_size > budget) release_cached(seg_size, budget);
     }
-    b = new_segment(seg_size, small, n, ctx);
+    b = new_segment(seg_size, small, n, ctx, stream);
+    if (!b) {
+      // Cached memory that queued work may still use (idle segments before their fence,
+      // blocks held for other streams) frees up once that work ran: wait for it unlocked
+      // (an engine thread frees blocks into this allocator), then try once more.
+      std::vector<Fence> fences = outstanding_fences_locked();
+      if (!fences.empty() && !on_engine_thread()) {
+        g.unlock();
+        wait_fences(fences);
+        g.lock();
+        process_pending_locked();
+        b = find_free(pool, stream, size);
+        if (!b) b = new_segment(seg_size, small, n, ctx, stream);
+      }
+    }
     if (!b) {
       stats_.num_ooms++;
       const size_t cap = effective_capacity();
@@ -235,6 +289,7 @@ void* CachingAllocator::malloc(size_t n, void** handle) {
     rest->size = remaining;
     rest->ptr = b->ptr + size;
     rest->seg = b->seg;
+    rest->stream = b->stream;
     rest->prev = b;
     rest->next = b->next;
     if (b->next) b->next->prev = rest;
@@ -260,15 +315,31 @@ void CachingAllocator::free(void* handle) {
   std::shared_ptr<AllocContext> ctx = capture(true);
   std::lock_guard<std::mutex> g(mu_);
   Block* b = static_cast<Block*>(handle);
+  b->context.reset();
+  if (trace_on_)
+    record_locked(TraceEntry::Action::kFreeRequested, reinterpret_cast<uintptr_t>(b->ptr), b->size, ctx);
+  if (!b->stream_uses.empty()) {
+    // Used on other streams: reusable once each has run what was queued on it by now.
+    PendingFree p{b, {}};
+    for (const Queue* q : b->stream_uses) p.fences.push_back(Fence{q, q->submitted_seq()});
+    b->stream_uses.clear();
+    b->pending_free = true;
+    pending_.push_back(std::move(p));
+    return;
+  }
+  free_block_locked(b, ctx);
+}
+
+void CachingAllocator::free_block_locked(Block* b, const std::shared_ptr<AllocContext>& ctx) {
   const bool small = b->seg->small;
   Pool& pool = small ? small_pool_ : large_pool_;
   b->allocated = false;
-  b->context.reset();
-  // Queued kernels keep their operands alive, so a free here is also complete.
-  if (trace_on_) {
-    record_locked(TraceEntry::Action::kFreeRequested, reinterpret_cast<uintptr_t>(b->ptr), b->size, ctx);
+  b->pending_free = false;
+  // Its stream may still have queued work that uses the block; later work on the same
+  // stream may have it at once, but the segment is unmapped only after that work ran.
+  if (b->stream) b->seg->fence = std::max(b->seg->fence, b->stream->submitted_seq());
+  if (trace_on_)
     record_locked(TraceEntry::Action::kFreeCompleted, reinterpret_cast<uintptr_t>(b->ptr), b->size, ctx);
-  }
   update_stats(small, &AllocatorStats::allocation, -1);
   update_stats(small, &AllocatorStats::active, -1);
   update_stats(small, &AllocatorStats::allocated_bytes, -static_cast<int64_t>(b->size));
@@ -300,6 +371,19 @@ void CachingAllocator::release(void* handle) {
   if (handle) static_cast<Block*>(handle)->seg->owner->free(handle);
 }
 
+const Queue* CachingAllocator::stream_of(const void* handle) {
+  return handle ? static_cast<const Block*>(handle)->stream : nullptr;
+}
+
+void CachingAllocator::record_stream(void* handle, const Queue* stream) {
+  if (!handle) return;
+  auto* b = static_cast<Block*>(handle);
+  if (stream == b->stream) return;
+  std::lock_guard<std::mutex> g(b->seg->owner->mu_);
+  if (std::find(b->stream_uses.begin(), b->stream_uses.end(), stream) == b->stream_uses.end())
+    b->stream_uses.push_back(stream);
+}
+
 bool CachingAllocator::owns(const void* ptr) const {
   std::lock_guard<std::mutex> g(mu_);
   auto p = static_cast<const char*>(ptr);
@@ -309,10 +393,21 @@ bool CachingAllocator::owns(const void* ptr) const {
 }
 
 void CachingAllocator::empty_cache() {
-  std::lock_guard<std::mutex> g(mu_);
+  std::unique_lock<std::mutex> g(mu_);
+  process_pending_locked();
+  if (!on_engine_thread()) {
+    std::vector<Fence> fences = outstanding_fences_locked();
+    if (!fences.empty()) {
+      g.unlock();
+      wait_fences(fences);
+      g.lock();
+      process_pending_locked();
+    }
+  }
   std::vector<Segment*> idle;
   for (auto& [base, seg] : segments_)
-    if (!seg->head->allocated && seg->head->next == nullptr) idle.push_back(seg);
+    if (!seg->head->allocated && seg->head->next == nullptr && Fence{seg->stream, seg->fence}.passed())
+      idle.push_back(seg);
   for (Segment* s : idle) release_segment(s);
 }
 
@@ -370,10 +465,11 @@ std::vector<SegmentInfo> CachingAllocator::snapshot() {
     SegmentInfo si;
     si.address = reinterpret_cast<uintptr_t>(seg->base);
     si.total_size = seg->size;
+    si.stream = seg->stream ? seg->stream->id() : 0;
     si.is_large = !seg->small;
     si.context = seg->context;
     for (Block* b = seg->head; b; b = b->next) {
-      si.blocks.push_back({b->size, b->requested, b->allocated, b->allocated ? b->context : nullptr});
+      si.blocks.push_back({b->size, b->requested, b->allocated, b->pending_free, b->allocated ? b->context : nullptr});
       if (b->allocated) {
         si.allocated_size += b->size;
         si.requested_size += b->requested;

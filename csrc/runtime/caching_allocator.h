@@ -7,6 +7,15 @@
 // otherwise rounded to 2 MiB). Freed blocks are cached, split and coalesced;
 // segments go back to the host only on empty_cache() or when an allocation
 // would exceed the core's capacity.
+//
+// Stream-ordered, as CUDA's: every segment belongs to the stream (queue) it was
+// allocated for, and a block freed on the host goes back to that stream's pool at
+// once, to be handed to later work on the same stream. Stream order makes that safe:
+// a kernel queued earlier on the stream runs before any later user of the block.
+// Queued kernels therefore do not own their operands' memory. A use on another stream
+// is covered by record_stream(): the freed block is held until that stream has passed
+// the point where the free happened. Segments go back to the host only once their
+// stream has run everything queued before their last free (a fence per segment).
 #include <array>
 #include <atomic>
 #include <cstddef>
@@ -19,6 +28,8 @@
 #include <vector>
 
 namespace neuronx::rt {
+
+class Queue;
 
 struct Stat {
   int64_t current = 0, peak = 0, allocated = 0, freed = 0;
@@ -84,11 +95,13 @@ struct TraceEntry {
 
 struct SegmentInfo {
   uintptr_t address = 0;
+  uint64_t stream = 0;  // id of the queue the segment belongs to
   size_t total_size = 0, allocated_size = 0, requested_size = 0;
   bool is_large = false;
   struct BlockInfo {
     size_t size, requested_size;
     bool allocated;
+    bool pending_free;  // freed, held until the streams recorded on it pass the free
     std::shared_ptr<AllocContext> context;
   };
   std::vector<BlockInfo> blocks;
@@ -109,14 +122,22 @@ class CachingAllocator {
   CachingAllocator(const CachingAllocator&) = delete;
   CachingAllocator& operator=(const CachingAllocator&) = delete;
 
-  // Returns device memory of at least n bytes (nullptr for n == 0) and an
-  // opaque handle for free(). Throws Error(kOutOfMemory) past capacity.
-  void* malloc(size_t n, void** handle);
+  // Returns device memory of at least n bytes (nullptr for n == 0) for work on
+  // `stream` and an opaque handle for free(). Throws Error(kOutOfMemory) past
+  // capacity. A null stream is a stream of its own whose user orders work itself.
+  void* malloc(size_t n, void** handle, const Queue* stream = nullptr);
   void free(void* handle);
   // Frees a handle from any device's allocator (for deleters that only get the handle).
   static void release(void* handle);
+  // The stream a handle's block was allocated for.
+  static const Queue* stream_of(const void* handle);
+  // The block is also used by work on `stream`: when it is freed, it is reused only
+  // after `stream` has run everything queued on it by then.
+  static void record_stream(void* handle, const Queue* stream);
 
   bool owns(const void* ptr) const;
+  // Returns idle cached segments to the host, after waiting for the queued work that
+  // may still use them (from a host thread; an engine thread skips what it cannot wait for).
   void empty_cache();
   AllocatorStats stats() const;
   void reset_accumulated_stats();
@@ -141,12 +162,22 @@ class CachingAllocator {
 
  private:
   struct Segment;
+  // A point in a queue's order: passed once the queue completed task `seq`.
+  struct Fence {
+    const Queue* queue = nullptr;
+    uint64_t seq = 0;
+    bool passed() const;
+    void wait() const;
+  };
   struct Block {
     size_t size = 0, requested = 0;
     char* ptr = nullptr;
     Segment* seg = nullptr;
+    const Queue* stream = nullptr;  // the segment's
     Block *prev = nullptr, *next = nullptr;
     bool allocated = false;
+    bool pending_free = false;
+    std::vector<const Queue*> stream_uses;  // record_stream()
     std::shared_ptr<AllocContext> context;
   };
   struct Segment {
@@ -155,22 +186,38 @@ class CachingAllocator {
     bool small = false;
     Block* head = nullptr;
     CachingAllocator* owner = nullptr;
+    const Queue* stream = nullptr;
+    // The stream's position at the last free of a block here: work queued before it
+    // may still use the memory, so the segment is unmapped only after it passed.
+    uint64_t fence = 0;
     std::shared_ptr<AllocContext> context;
   };
   struct BlockLess {
     bool operator()(const Block* a, const Block* b) const {
+      if (a->stream != b->stream) return std::less<const Queue*>()(a->stream, b->stream);
       return a->size != b->size ? a->size < b->size : a->ptr < b->ptr;
     }
   };
   using Pool = std::set<Block*, BlockLess>;
+  // A freed block waiting for the other streams that used it.
+  struct PendingFree {
+    Block* block;
+    std::vector<Fence> fences;
+  };
 
-  Block* find_free(Pool& pool, size_t size);
+  Block* find_free(Pool& pool, const Queue* stream, size_t size);
   Block* new_segment(size_t alloc_size, bool small, size_t requested,
-                     const std::shared_ptr<AllocContext>& ctx);
+                     const std::shared_ptr<AllocContext>& ctx, const Queue* stream);
   void record_locked(TraceEntry::Action a, uintptr_t addr, size_t size,
                      std::shared_ptr<AllocContext> ctx, size_t device_free = 0);
   std::shared_ptr<AllocContext> capture(bool for_free) const;
+  // Frees idle segments whose fence has passed until `needed` fits in `budget`.
   bool release_cached(size_t needed, size_t budget);
+  // The fences that idle segments and pending frees wait for, to be waited on unlocked.
+  std::vector<Fence> outstanding_fences_locked() const;
+  static void wait_fences(const std::vector<Fence>& fences);
+  void free_block_locked(Block* b, const std::shared_ptr<AllocContext>& ctx);
+  void process_pending_locked();
   void release_segment(Segment* s);
   void update_stats(bool small, StatArray AllocatorStats::*field, int64_t n);
   size_t effective_capacity() const { return limit_ ? limit_ : capacity_; }
@@ -181,6 +228,7 @@ class CachingAllocator {
   double gc_threshold_ = 0;
   mutable std::mutex mu_;
   Pool small_pool_, large_pool_;
+  std::vector<PendingFree> pending_;
   std::unordered_map<char*, Segment*> segments_;  // base -> segment
   size_t reserved_ = 0;
   AllocatorStats stats_;

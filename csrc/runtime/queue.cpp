@@ -49,7 +49,10 @@ struct Running {
   uint64_t queue = 0;
 };
 thread_local Running t_running;
+thread_local bool t_engine_thread = false;
 }  // namespace
+
+bool on_engine_thread() { return t_engine_thread; }
 
 bool observing() { return g_observer.load(std::memory_order_relaxed) != nullptr; }
 
@@ -172,17 +175,24 @@ void Queue::synchronize() {
   {
     BlockingScope blocking;
     std::unique_lock<std::mutex> lk(engine_->mu_);
-    wait_done_locked(lk, submitted_);
+    wait_done_locked(lk, submitted_.load());
     err = std::move(error_);
     error_.reset();
   }
   if (err) throw Error(ErrorCode::kKernelFailed, err->describe(), err->category);
 }
 
+void Queue::wait_reached(uint64_t seq) {
+  if (completed_seq() >= seq) return;
+  BlockingScope blocking;
+  std::unique_lock<std::mutex> lk(engine_->mu_);
+  wait_done_locked(lk, seq);
+}
+
 void Queue::wait_idle() {
   BlockingScope blocking;
   std::unique_lock<std::mutex> lk(engine_->mu_);
-  wait_done_locked(lk, submitted_);
+  wait_done_locked(lk, submitted_.load());
 }
 
 bool Queue::query() const {
@@ -284,6 +294,7 @@ Queue* Engine::pick_locked() {
 }
 
 void Engine::loop() {
+  t_engine_thread = true;
   std::unique_lock<std::mutex> lk(mu_);
   while (true) {
     Queue* q = pick_locked();
@@ -381,7 +392,7 @@ void Engine::loop() {
 
     lk.lock();
     if (new_error && !q->error_) q->error_ = std::move(new_error);
-    q->completed_ = task.seq;
+    q->completed_.store(task.seq, std::memory_order_release);
     q->running_ = false;
     if (sync_waiters_ > 0) done_cv_.notify_all();
   }

@@ -62,6 +62,8 @@ std::string resolve_origin(uint64_t token);  // "" when unknown or no resolver i
 // step with report_step, as a task of the running kernel's queue linked to its host op, and
 // marks itself so that the whole is not reported again on top of its steps.
 bool observing();
+// Whether the calling thread is an engine's worker (it must not wait for a queue).
+bool on_engine_thread();
 void report_step(const char* name, int64_t start_ns, int64_t end_ns);
 
 // Host threads that block on the device (synchronize) may hold a lock the
@@ -110,6 +112,12 @@ class Queue {
   void wait_idle();     // waits likewise but leaves any error for the next synchronize()
   bool query() const;   // true when idle
   size_t pending() const;
+  // The queue's position, read without locks: tasks are numbered 1, 2, ... as submitted and
+  // complete in order, so "completed_seq() >= n" means task n and everything before it ran.
+  uint64_t submitted_seq() const { return submitted_.load(std::memory_order_acquire); }
+  uint64_t completed_seq() const { return completed_.load(std::memory_order_acquire); }
+  // Waits until task `seq` has completed; errors stay for the next synchronize().
+  void wait_reached(uint64_t seq);
   // Visits queued, not yet started tasks in order, under the engine lock.
   void inspect(const std::function<void(const Task&)>& fn) const;
 
@@ -125,8 +133,10 @@ class Queue {
   const uint64_t id_;
   const int priority_;
   std::deque<Task> tasks_;       // guarded by engine_->mu_
-  uint64_t submitted_ = 0;       // guarded by engine_->mu_
-  uint64_t completed_ = 0;       // guarded by engine_->mu_
+  // Written under engine_->mu_; atomic so that the allocator can read a queue's position
+  // (submitted_seq/completed_seq) without the engine's lock.
+  std::atomic<uint64_t> submitted_{0};
+  std::atomic<uint64_t> completed_{0};
   uint64_t last_served_ = 0;     // guarded by engine_->mu_
   bool running_ = false;         // guarded by engine_->mu_
   std::shared_ptr<const TaskError> error_;  // guarded by engine_->mu_

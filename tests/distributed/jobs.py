@@ -929,7 +929,23 @@ def streams(out):
     done_at_wait = w.is_completed()
     u = t + 1  # queued behind the collective
     close(u, torch.full((8,), float(n) + 1), "compute queued after wait()")
-    return {"wait_s": waited, "completed_at_wait": done_at_wait, "until_data_s": time.monotonic() - start}
+    until_data = time.monotonic() - start
+    # The host drops the collective's tensor while the collective (on its own queue) waits for a
+    # late peer: the block must not go to new work on the default stream before it has run.
+    size = 3 << 20
+    tmp = torch.full((size,), 2.0, device=dev())
+    torch.neuron.synchronize()
+    tmp_ptr = tmp.data_ptr()
+    if r == 1:
+        time.sleep(1.0)
+    w = dist.all_reduce(tmp, async_op=True)
+    del tmp
+    z = torch.full((size,), 7.0, device=dev())
+    w.wait()
+    torch.neuron.synchronize()
+    close(z, torch.full((size,), 7.0), "a tensor allocated while a collective on a dropped tensor was in flight")
+    return {"wait_s": waited, "completed_at_wait": done_at_wait, "until_data_s": until_data,
+            "reused_during_collective": z.data_ptr() == tmp_ptr}
 
 
 @job
