@@ -110,13 +110,25 @@ def render(result, json_name, png_name):
                   "matmul support.", ""]
     mem = [(n, w["memory"]) for n, w in ws.items() if "memory" in w]
     if mem:
-        lines += ["## Memory", ""]
+        lines += ["## Memory", "",
+                  "Peak device memory above the resident model (weights, optimizer state) while 1, 3 and "
+                  "10 training steps are queued ahead of the device (run-ahead), against the same steps "
+                  "under `NEURON_LAUNCH_BLOCKING=1` (each op runs as it is issued) and against the peak "
+                  "RSS growth of one step on CPU. Frees are stream-ordered, so queued steps do not keep "
+                  "their temporaries.", "",
+                  "| workload | run-ahead 1 / 3 / 10 steps | launch-blocking | CPU RSS growth | "
+                  "run-ahead / blocking (worst) | run-ahead / CPU |", "|---|---|---|---|---|---|"]
+        mib = lambda b: f"{b / 2**20:.1f} MiB"
         for n, m in mem:
-            cpu = m["cpu_step_rss_growth_bytes"]
-            lines.append(f"- {n}: peak device memory of one step above the resident model "
-                         f"**{m['neuron_step_peak_bytes'] / 2**20:.1f} MiB** on neuron; the same step on CPU grew "
-                         f"peak RSS by {cpu / 2**20:.1f} MiB." if cpu is not None else
-                         f"- {n}: peak device memory of one step {m['neuron_step_peak_bytes'] / 2**20:.1f} MiB")
+            ahead = m.get("neuron_peak_bytes_in_flight")
+            if not ahead:  # results recorded before the in-flight figures existed
+                lines.append(f"| {n} | {mib(m['neuron_step_peak_bytes'])} | | | | |")
+                continue
+            blocking, cpu = m["neuron_peak_bytes_launch_blocking"], m["cpu_step_rss_growth_bytes"]
+            worst = max(ahead[k] / blocking[k] for k in ahead if blocking.get(k))
+            lines.append(f"| {n} | {' / '.join(mib(ahead[k]) for k in ('1', '3', '10'))} | {mib(blocking['1'])} | "
+                         f"{mib(cpu) if cpu else 'n/a'} | {worst:.2f}× | "
+                         f"{(ahead['1'] / cpu) if cpu else float('nan'):.2f}× |")
         lines.append("")
     lines += ["## Machine context", "", context_rows(result), ""]
     return "\n".join(lines)

@@ -174,7 +174,7 @@ def workloads(quick):
                                      lambda: (tokens(4, 8192, 256), tokens(4, 8192, 256)),
                                      lambda logits, t: F.cross_entropy(logits.reshape(-1, logits.shape[-1]),
                                                                        t.reshape(-1))),
-            train=True, memory=True, inner=2,
+            train=True, inner=2,
             flops=6 * 4 * 256 * (8 * 12 * 256 * 256 + 256 * 8192),
             note="nanoGPT decoder, 8 layers d=256, vocab 8192, ~10.5M params, seq 256, batch 4"),
         "nanogpt_train_step_bf16": dict(
@@ -207,7 +207,7 @@ def timed(fn, device, inner):
     return (time.perf_counter() - t) / inner
 
 
-def run_workload(name, w, reps, log):
+def run_workload(name, w, reps, log, quick):
     modes = w.get("modes", MODES)
     fns, checks, first_call = {}, {}, {}
     for mode in modes:
@@ -250,8 +250,8 @@ def run_workload(name, w, reps, log):
     for key in ("bytes", "flops"):
         if key in w:
             res[key] = w[key]
-    if w.get("memory"):
-        res["memory"] = measure_memory(w)
+    if w.get("train") and "neuron_eager" in modes:
+        res["memory"] = measure_memory(name, quick)
     log(f"{name:<24}" + "".join(f"{m}={v['median_s'] * 1e3:9.2f} ms  " for m, v in res["modes"].items())
         + f"neuron/cpu_eager throughput {res['neuron_vs_cpu_eager']:.2f}x")
     return res
@@ -264,16 +264,40 @@ def vm_hwm_bytes():
     return 0
 
 
-def measure_memory(w):
-    """Peak device memory of one step on neuron vs peak RSS growth of the same step on CPU."""
+STEPS_IN_FLIGHT = (1, 3, 10)
+
+
+def neuron_step_peaks(w):
+    """Peak device memory above the resident model while k steps are queued, for each k in
+    STEPS_IN_FLIGHT: the device is held by a sleep kernel so the host queues all k steps before
+    the first one runs (under NEURON_LAUNCH_BLOCKING=1 each op runs as it is issued instead)."""
+    blocking = os.environ.get("NEURON_LAUNCH_BLOCKING") == "1"
     run, _ = w["setup"]("neuron", compiled=False)
     run()
     torch.neuron.synchronize()
-    torch.neuron.reset_peak_memory_stats()
-    base = torch.neuron.memory_allocated()
-    run()
-    torch.neuron.synchronize()
-    neuron_peak = torch.neuron.max_memory_allocated() - base
+    peaks = {}
+    for k in STEPS_IN_FLIGHT:
+        torch.neuron.synchronize()
+        torch.neuron.reset_peak_memory_stats()
+        base = torch.neuron.memory_allocated()
+        if not blocking:
+            torch.neuron._sleep(2000)
+        for _ in range(k):
+            run()
+        torch.neuron.synchronize()
+        peaks[str(k)] = torch.neuron.max_memory_allocated() - base
+    return peaks
+
+
+def measure_memory(name, quick):
+    """Peak device memory of the training step with 1, 3 and 10 steps in flight, the same under
+    NEURON_LAUNCH_BLOCKING=1 (a subprocess: the setting is read at start-up), and the peak RSS
+    growth of one step on CPU."""
+    w = workloads(quick)[name]
+    ahead = neuron_step_peaks(w)
+    env = dict(os.environ, NEURON_LAUNCH_BLOCKING="1")
+    cmd = [sys.executable, __file__, "--memory-of", name] + (["--quick"] if quick else [])
+    blocking = json.loads(subprocess.check_output(cmd, env=env, text=True).strip().splitlines()[-1])
     run_cpu, _ = w["setup"]("cpu", compiled=False)
     run_cpu()
     try:
@@ -288,7 +312,8 @@ def measure_memory(w):
         cpu_growth = vm_hwm_bytes() - rss0
     except OSError:
         cpu_growth = None
-    return {"neuron_step_peak_bytes": neuron_peak, "cpu_step_rss_growth_bytes": cpu_growth}
+    return {"neuron_step_peak_bytes": ahead["1"], "neuron_peak_bytes_in_flight": ahead,
+            "neuron_peak_bytes_launch_blocking": blocking, "cpu_step_rss_growth_bytes": cpu_growth}
 
 
 def machine_context(quick):
@@ -325,7 +350,11 @@ def main():
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--only", default="", help="comma-separated workload names")
     p.add_argument("--out", default="", help="result JSON path (default bench/results/<date>.json)")
+    p.add_argument("--memory-of", default="", help=argparse.SUPPRESS)  # measure_memory's subprocess
     args = p.parse_args()
+    if args.memory_of:
+        print(json.dumps(neuron_step_peaks(workloads(args.quick)[args.memory_of])))
+        return
     reps = 2 if args.quick else args.reps
     log = lambda s: print(s, flush=True)
     ws = workloads(args.quick)
@@ -339,7 +368,7 @@ def main():
         "context": machine_context(args.quick), "workloads": {},
     }
     for name, w in ws.items():
-        result["workloads"][name] = run_workload(name, w, reps, log)
+        result["workloads"][name] = run_workload(name, w, reps, log, args.quick)
     out = pathlib.Path(args.out) if args.out else ROOT / "bench" / "results" / (
         ("quick-" if args.quick else "") + datetime.date.today().isoformat() + ".json")
     out.parent.mkdir(parents=True, exist_ok=True)
