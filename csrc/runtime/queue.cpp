@@ -103,10 +103,9 @@ uint64_t Queue::submit(Task&& t) {
   tasks_.push_back(std::move(t));
   engine_->pending_.fetch_add(1, std::memory_order_release);
   if (telemetry::CoreCounters* c = telemetry::core(device_)) c->queued.fetch_add(1, std::memory_order_relaxed);
-  if (engine_->idle_) {
-    lk.unlock();
-    engine_->work_cv_.notify_one();
-  }
+  const bool wake = engine_->idle_;
+  engine_->release_finished(lk);
+  if (wake) engine_->work_cv_.notify_one();
   return seq;
 }
 
@@ -178,6 +177,7 @@ void Queue::synchronize() {
     wait_done_locked(lk, submitted_.load());
     err = std::move(error_);
     error_.reset();
+    engine_->release_finished(lk);
   }
   if (err) throw Error(ErrorCode::kKernelFailed, err->describe(), err->category);
 }
@@ -187,12 +187,14 @@ void Queue::wait_reached(uint64_t seq) {
   BlockingScope blocking;
   std::unique_lock<std::mutex> lk(engine_->mu_);
   wait_done_locked(lk, seq);
+  if (!on_engine_thread()) engine_->release_finished(lk);
 }
 
 void Queue::wait_idle() {
   BlockingScope blocking;
   std::unique_lock<std::mutex> lk(engine_->mu_);
   wait_done_locked(lk, submitted_.load());
+  engine_->release_finished(lk);
 }
 
 bool Queue::query() const {
@@ -248,6 +250,17 @@ void Engine::attach(Queue* q) {
   // Highest priority first (lower number = higher priority, as in CUDA).
   std::stable_sort(queues_.begin(), queues_.end(),
                    [](Queue* a, Queue* b) { return a->priority_ < b->priority_; });
+}
+
+void Engine::release_finished(std::unique_lock<std::mutex>& lk) {
+  if (finished_.empty()) {
+    lk.unlock();
+    return;
+  }
+  std::vector<std::unique_ptr<Kernel>> done;
+  done.swap(finished_);
+  lk.unlock();
+  done.clear();  // may free device memory (operands kept for another stream): no engine lock held
 }
 
 void Engine::ensure_started_locked() {
@@ -385,12 +398,11 @@ void Engine::loop() {
         obs && task.kind == Task::Kind::kKernel && (!task.kernel->reported_steps || failed))
       obs(TaskRecord{task.kernel->name(), device_, q->id_, task.kernel->enqueue_ns, start, end, failed, skipped,
                     task.kernel->correlation});
-    // Release operands (device buffers) before reporting completion, so a
-    // synchronize() that returns sees the memory already back in the pool.
-    task.kernel.reset();
     task.event.reset();
 
     lk.lock();
+    // Destroyed by the host (finished_); a synchronize() that returns has released them.
+    if (task.kernel) finished_.push_back(std::move(task.kernel));
     if (new_error && !q->error_) q->error_ = std::move(new_error);
     q->completed_.store(task.seq, std::memory_order_release);
     q->running_ = false;

@@ -159,6 +159,8 @@ class Engine {
   Queue* pick_locked();
   void wake();
   void ensure_started_locked();
+  // Destroys the kernels the worker finished (under `lk`, which it releases): see finished_.
+  void release_finished(std::unique_lock<std::mutex>& lk);
 
   const int device_;
   const std::string name_;
@@ -166,6 +168,10 @@ class Engine {
   mutable std::mutex mu_;
   std::condition_variable work_cv_, done_cv_;
   std::vector<Queue*> queues_;
+  // Kernels that ran, destroyed by the next host thread that launches or synchronizes here: the
+  // host allocated them (and their operands' host-side objects), and freeing them on the worker
+  // would make the two threads contend for the allocator's arena lock at every op.
+  std::vector<std::unique_ptr<Kernel>> finished_;
   std::thread thread_;
   bool started_ = false, stop_ = false, idle_ = false;
   int sync_waiters_ = 0;
