@@ -128,19 +128,26 @@ void check_supported(const OpAnalysis& a, c10::ArrayRef<c10::IValue> args) {
 
 // Operands for the CPU kernel, captured now. Host tensors that are not
 // wrapped Python numbers are copied: the user may change them before the
-// kernel runs (CUDA copies them into the launch too).
-c10::IValue kernel_operand(const OpAnalysis& a, size_t i, const c10::IValue& v, c10::DeviceIndex d,
-                           bool resizable, AliasSet& aliases) {
+// kernel runs (CUDA copies them into the launch too). on_device(t, pos) gives
+// what stands for neuron tensor t (pos: its index in a list argument, or -1).
+template <typename OnDevice>
+c10::IValue operand(const OpAnalysis& a, size_t i, const c10::IValue& v, c10::DeviceIndex d, OnDevice&& on_device) {
   for (int g : a.generator_args)
     if (static_cast<size_t>(g) == i)
       return c10::IValue(kernel_generator(v.isNone() ? std::nullopt : std::optional<at::Generator>(v.toGenerator()), d));
   if (v.isDevice() && v.toDevice().type() == kNeuron) return c10::IValue(c10::Device(c10::kCPU));
-  return map_tensors(v, [&](const at::Tensor& t) -> at::Tensor {
+  return map_tensors_indexed(v, [&](const at::Tensor& t, int pos) -> at::Tensor {
     if (!t.defined()) return t;
-    if (t.device().type() == kNeuron) return aliases.cpu(t, resizable);
+    if (t.device().type() == kNeuron) return on_device(t, pos);
     if (t.unsafeGetTensorImpl()->is_wrapped_number()) return t;
     return t.clone();
   });
+}
+
+// An operand for a kernel run now, on the host.
+c10::IValue kernel_operand(const OpAnalysis& a, size_t i, const c10::IValue& v, c10::DeviceIndex d,
+                           bool resizable, AliasSet& aliases) {
+  return operand(a, i, v, d, [&](const at::Tensor& t, int) { return aliases.cpu(t, resizable); });
 }
 
 c10::IValue meta_operand(const c10::IValue& v, AliasSet& aliases) {
@@ -517,14 +524,20 @@ void launch(OpAnalysis& a, c10::ArrayRef<c10::IValue> args, const std::shared_pt
   k->set_geometry(mr);
   k->args().reserve(a.num_args);
   rt::Queue& q = current_queue(d);
-  AliasSet alias_set(&q);
+  const AliasSet snapshots(&q);  // operands' CPU aliases are made when the kernel runs
   for (size_t i = 0; i < a.num_args; ++i)
-    k->args().push_back(kernel_operand(a, i, args[i], d, false, alias_set));
+    k->args().push_back(operand(a, i, args[i], d, [&](const at::Tensor& t, int pos) {
+      k->defer(snapshots.snapshot(t), static_cast<int>(i), pos);
+      return at::Tensor();
+    }));
   if (mode != OpKernel::Mode::kDirect) {
     k->outs().resize(a.num_returns);
     for (size_t r = 0; r < a.num_returns; ++r)
       if (a.ret_arg[r] < 0)
-        k->outs()[r] = map_tensors(results[r], [&](const at::Tensor& t) { return alias_set.cpu(t); });
+        k->outs()[r] = map_tensors_indexed(results[r], [&](const at::Tensor& t, int pos) {
+          if (t.defined()) k->defer(snapshots.snapshot(t), -1 - static_cast<int>(r), pos);
+          return at::Tensor();
+        });
   }
   thread_local std::string dtype_key;
   bool validated = mr->dtypes_validated.load(std::memory_order_relaxed);

@@ -14,6 +14,14 @@ const c10::DispatchKeySet kCPUKeys(c10::DispatchKey::CPU);
 }  // namespace
 
 void OpKernel::run() {
+  // The aliases were made on this thread: destroy them here too, whatever happens.
+  struct Release {
+    OpKernel* k;
+    ~Release() {
+      k->args_.clear();
+      k->outs_.clear();
+    }
+  } release{this};
   try {
     execute();
   } catch (const c10::Error& e) {
@@ -21,7 +29,21 @@ void OpKernel::run() {
   }
 }
 
+void OpKernel::materialize() {
+  if (deferred_.empty()) return;
+  AliasSet aliases;
+  for (Deferred& d : deferred_) {
+    at::Tensor alias = aliases.cpu(d.snapshot);
+    c10::IValue& slot = d.arg >= 0 ? args_[d.arg] : outs_[-1 - d.arg];
+    if (d.pos < 0) slot = std::move(alias);
+    else slot.toList().set(d.pos, c10::IValue(std::move(alias)));
+    if (d.snapshot.keep) keep_.push_back(std::move(d.snapshot.keep));
+  }
+  deferred_.clear();
+}
+
 void OpKernel::execute() {
+  materialize();
   at::AutoDispatchBelowADInplaceOrView below;
   switch (mode_) {
     case Mode::kDirect:

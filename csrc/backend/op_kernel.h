@@ -12,6 +12,7 @@
 #include "backend/common.h"
 #include "backend/meta_cache.h"
 #include "backend/metrics.h"
+#include "backend/tensor_views.h"
 #include "runtime/kernel.h"
 
 namespace neuronx {
@@ -91,9 +92,21 @@ class OpKernel final : public rt::Kernel {
   // A first call run inline: also check that the CPU kernel's output strides
   // are the ones the meta kernel predicted (they differ for some linalg/fft ops).
   void set_validating(bool v) { validating_ = v; }
+  // A neuron operand whose CPU alias is made when the kernel runs, on the engine's thread (which
+  // then also destroys it): the host's per-op cost is a snapshot. It goes to args()[arg] (outs()
+  // [-1 - arg] for outputs), or to position pos of the list there; the slot holds an undefined
+  // placeholder until then.
+  void defer(TensorSnapshot s, int arg, int pos) { deferred_.push_back({std::move(s), arg, pos}); }
 
  private:
+  void materialize();
   void restore_restrided_outputs();
+  struct Deferred {
+    TensorSnapshot snapshot;
+    int arg, pos;
+  };
+  c10::SmallVector<Deferred, 3> deferred_;
+  std::vector<c10::Storage> keep_;  // storages of operands the stream order does not cover
   const OpAnalysis* op_;
   Mode mode_;
   c10::Stack args_;

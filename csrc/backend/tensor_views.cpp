@@ -74,6 +74,45 @@ c10::Storage AliasSet::cpu_storage(const at::Tensor& t, bool resizable) {
   return cpu_.put(st, std::move(storage));
 }
 
+TensorSnapshot AliasSet::snapshot(const at::Tensor& t) const {
+  TensorSnapshot s;
+  c10::StorageImpl* st = t.storage().unsafeGetStorageImpl();
+  s.impl = t.unsafeGetTensorImpl();
+  s.storage = st;
+  s.base = st->data_ptr().get();
+  s.nbytes = st->nbytes();
+  s.sizes.assign(t.sizes().begin(), t.sizes().end());
+  s.strides.assign(t.strides().begin(), t.strides().end());
+  s.offset = t.storage_offset();
+  s.dtype = t.dtype();
+  s.conj = t.is_conj();
+  s.neg = t.is_neg();
+  s.wrapped = s.impl->is_wrapped_number();
+  if (s.base && !(stream_ && allocation_stream(st->data_ptr()) == stream_)) s.keep = t.storage();
+  return s;
+}
+
+at::Tensor AliasSet::cpu(const TensorSnapshot& s) {
+  if (const at::Tensor* alias = cpu_impls_.find(s.impl))
+    if (alias->sizes() == c10::IntArrayRef(s.sizes) && alias->strides() == c10::IntArrayRef(s.strides) &&
+        alias->storage_offset() == s.offset)
+      return *alias;
+  const c10::Storage* storage = cpu_.find(s.storage);
+  if (!storage) {
+    // Not owning: the snapshot's `keep`, or stream order, keeps the memory until the kernel ran.
+    c10::Storage fresh(c10::Storage::use_byte_size_t(), s.nbytes, c10::DataPtr(s.base, c10::Device(c10::kCPU)),
+                       &fixed_buffer_allocator, true);
+    storage = &cpu_.put(s.storage, std::move(fresh));
+  }
+  auto impl = c10::make_intrusive<c10::TensorImpl>(c10::Storage(*storage), c10::DispatchKeySet(c10::DispatchKey::CPU),
+                                                   s.dtype);
+  impl->set_sizes_and_strides(s.sizes, s.strides, s.offset);
+  if (s.wrapped) impl->set_wrapped_number(true);
+  if (s.conj) impl->_set_conj(true);
+  if (s.neg) impl->_set_neg(true);
+  return cpu_impls_.put(s.impl, at::Tensor(std::move(impl)));
+}
+
 at::Tensor AliasSet::meta(const at::Tensor& t) {
   if (!t.defined()) return t;
   const c10::StorageImpl* st = t.storage().unsafeGetStorageImpl();

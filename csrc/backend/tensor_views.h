@@ -20,6 +20,20 @@ struct Geometry {
   static Geometry of(const at::Tensor& t);
 };
 
+// What a CPU alias of a neuron tensor is made from, captured when a kernel is queued, so the
+// alias itself can be made (and destroyed) by the engine's thread when the kernel runs.
+struct TensorSnapshot {
+  const c10::TensorImpl* impl = nullptr;     // identities at capture: the same tensor twice, or
+  const c10::StorageImpl* storage = nullptr;  // two views of one storage, share their alias
+  void* base = nullptr;
+  size_t nbytes = 0;
+  c10::SmallVector<int64_t, 5> sizes, strides;
+  int64_t offset = 0;
+  caffe2::TypeMeta dtype;
+  bool conj = false, neg = false, wrapped = false;
+  c10::Storage keep;  // the neuron storage, when the kernel's stream does not order its reuse
+};
+
 // Host-side stand-ins for the neuron operands of one kernel.
 //
 // cpu(t): a CPU tensor over the same bytes, sizes, strides and offset as the
@@ -38,6 +52,10 @@ class AliasSet {
   at::Tensor meta(const at::Tensor& t);
   // A CPU storage over the bytes of t's (neuron) storage, one per storage.
   c10::Storage cpu_storage(const at::Tensor& t, bool resizable = false);
+  // cpu(t) in two steps: what to capture now, and the alias made from it later (by an
+  // AliasSet without a stream: the snapshot already keeps what must be kept).
+  TensorSnapshot snapshot(const at::Tensor& t) const;
+  at::Tensor cpu(const TensorSnapshot& s);
 
  private:
   const rt::Queue* stream_;
