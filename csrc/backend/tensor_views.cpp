@@ -28,6 +28,11 @@ struct FixedBufferAllocator final : c10::Allocator {
 
 FixedBufferAllocator fixed_buffer_allocator;
 
+void apply_flags(c10::TensorImpl* impl, const Geometry& g) {
+  if (g.conj) impl->_set_conj(true);
+  if (g.neg) impl->_set_neg(true);
+}
+
 void copy_flags(c10::TensorImpl* dst, const at::Tensor& src) {
   if (src.is_conj()) dst->_set_conj(true);
   if (src.is_neg()) dst->_set_neg(true);
@@ -81,21 +86,17 @@ TensorSnapshot AliasSet::snapshot(const at::Tensor& t) const {
   s.storage = st;
   s.base = st->data_ptr().get();
   s.nbytes = st->nbytes();
-  s.sizes.assign(t.sizes().begin(), t.sizes().end());
-  s.strides.assign(t.strides().begin(), t.strides().end());
-  s.offset = t.storage_offset();
-  s.dtype = t.dtype();
-  s.conj = t.is_conj();
-  s.neg = t.is_neg();
+  s.geometry = Geometry::of(t);
   s.wrapped = s.impl->is_wrapped_number();
   if (s.base && !(stream_ && allocation_stream(st->data_ptr()) == stream_)) s.keep = t.storage();
   return s;
 }
 
 at::Tensor AliasSet::cpu(const TensorSnapshot& s) {
+  const Geometry& g = s.geometry;
   if (const at::Tensor* alias = cpu_impls_.find(s.impl))
-    if (alias->sizes() == c10::IntArrayRef(s.sizes) && alias->strides() == c10::IntArrayRef(s.strides) &&
-        alias->storage_offset() == s.offset)
+    if (alias->sizes() == c10::IntArrayRef(g.sizes) && alias->strides() == c10::IntArrayRef(g.strides) &&
+        alias->storage_offset() == g.offset)
       return *alias;
   const c10::Storage* storage = cpu_.find(s.storage);
   if (!storage) {
@@ -105,11 +106,10 @@ at::Tensor AliasSet::cpu(const TensorSnapshot& s) {
     storage = &cpu_.put(s.storage, std::move(fresh));
   }
   auto impl = c10::make_intrusive<c10::TensorImpl>(c10::Storage(*storage), c10::DispatchKeySet(c10::DispatchKey::CPU),
-                                                   s.dtype);
-  impl->set_sizes_and_strides(s.sizes, s.strides, s.offset);
+                                                   c10::scalarTypeToTypeMeta(g.dtype));
+  impl->set_sizes_and_strides(g.sizes, g.strides, g.offset);
   if (s.wrapped) impl->set_wrapped_number(true);
-  if (s.conj) impl->_set_conj(true);
-  if (s.neg) impl->_set_neg(true);
+  apply_flags(impl.get(), g);
   return cpu_impls_.put(s.impl, at::Tensor(std::move(impl)));
 }
 
@@ -142,12 +142,6 @@ Geometry Geometry::of(const at::Tensor& t) {
   return g;
 }
 
-namespace {
-void apply_flags(c10::TensorImpl* impl, const Geometry& g) {
-  if (g.conj) impl->_set_conj(true);
-  if (g.neg) impl->_set_neg(true);
-}
-}  // namespace
 
 at::Tensor view_with_geometry(const at::Tensor& base, const Geometry& g) {
   if (!g.defined) return at::Tensor();

@@ -27,10 +27,8 @@ struct TensorSnapshot {
   const c10::StorageImpl* storage = nullptr;  // two views of one storage, share their alias
   void* base = nullptr;
   size_t nbytes = 0;
-  c10::SmallVector<int64_t, 5> sizes, strides;
-  int64_t offset = 0;
-  caffe2::TypeMeta dtype;
-  bool conj = false, neg = false, wrapped = false;
+  Geometry geometry;
+  bool wrapped = false;
   c10::Storage keep;  // the neuron storage, when the kernel's stream does not order its reuse
 };
 
