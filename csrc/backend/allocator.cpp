@@ -34,14 +34,7 @@ void copy_array(c10::CachingAllocator::StatArray& dst, const rt::StatArray& src)
 
 class NeuronDeviceAllocator final : public c10::DeviceAllocator {
  public:
-  c10::DataPtr allocate(size_t n) override {
-    const c10::DeviceIndex d = current_device();
-    rt::Device& dev = runtime_device(d);
-    rt::Queue& stream = current_queue(d);
-    void* handle = nullptr;
-    void* p = translate([&] { return dev.allocator().malloc(n, &handle, &stream); });
-    return {p, handle, &device_delete, c10::Device(kNeuron, d)};
-  }
+  c10::DataPtr allocate(size_t n) override { return allocate_on(n, current_device()); }
   c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     // Both sides are device memory: order after queued work, then copy.
@@ -119,6 +112,14 @@ NeuronHostAllocator g_host_allocator;
 }  // namespace
 
 c10::Allocator* device_allocator() { return &g_device_allocator; }
+
+c10::DataPtr allocate_on(size_t n, c10::DeviceIndex d) {
+  rt::Device& dev = runtime_device(d);
+  rt::Queue& stream = translate([&]() -> rt::Queue& { return dev.queue(current_stream_id(d)); });
+  void* handle = nullptr;
+  void* p = translate([&] { return dev.allocator().malloc(n, &handle, &stream); });
+  return {p, handle, &device_delete, c10::Device(kNeuron, d)};
+}
 
 const rt::Queue* allocation_stream(const c10::DataPtr& p) {
   return p.get_deleter() == &device_delete ? rt::CachingAllocator::stream_of(p.get_context()) : nullptr;

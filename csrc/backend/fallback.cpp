@@ -19,6 +19,7 @@
 
 #include "backend/registration.h"
 #include "backend/fallback_policy.h"
+#include "backend/fast_ops.h"
 #include "backend/generator.h"
 #include "backend/launch_checks.h"
 #include "backend/ivalue_map.h"
@@ -208,13 +209,12 @@ class InlineRun {
 
 // `predicted`: the meta kernel's geometry for resized out= arguments; the
 // CPU kernel's result tells whether it can be trusted for this op.
-void sync_path(OpAnalysis& a, c10::Stack* stack, c10::DeviceIndex d,
+void sync_path(OpAnalysis& a, c10::ArrayRef<c10::IValue> args, std::vector<c10::IValue>& out, c10::DeviceIndex d,
                std::vector<std::pair<size_t, Geometry>>* predicted = nullptr) {
   a.counters->sync.fetch_add(1, std::memory_order_relaxed);
   count_sync(SyncReason::kDataDependent);
   rt::Queue& q = current_queue(d);
   translate([&] { q.synchronize(); });
-  auto args = torch::jit::last(*stack, a.num_args);
   AliasSet alias_set;
   // Written arguments first: an input sharing their storage (addr_ is
   // addr.out(self, ..., out=self)) must see the same, resizable, storage.
@@ -224,7 +224,7 @@ void sync_path(OpAnalysis& a, c10::Stack* stack, c10::DeviceIndex d,
       if (a.arg_written[i] == (pass == 0)) operands[i] = kernel_operand(a, i, args[i], d, a.arg_written[i], alias_set);
   c10::Stack cpu(operands.begin(), operands.end());
   std::vector<c10::IValue> aliases(cpu.begin(), cpu.end());
-  std::vector<c10::IValue> originals(args.begin(), args.end());
+  const c10::ArrayRef<c10::IValue> originals = args;
   {
     at::AutoDispatchBelowADInplaceOrView below;
     InlineRun run(q, a.name.c_str());
@@ -258,16 +258,16 @@ void sync_path(OpAnalysis& a, c10::Stack* stack, c10::DeviceIndex d,
     }
     if (agree) predicted->clear();
   }
-  std::vector<c10::IValue> results(cpu.begin(), cpu.end());
-  torch::jit::drop(*stack, a.num_args);
+  const std::vector<c10::IValue> results(cpu.begin(), cpu.end());
+  out.resize(results.size());
   for (size_t r = 0; r < results.size(); ++r) {
     const int k = r < a.ret_arg.size() ? a.ret_arg[r] : -1;
     if (k >= 0 && !a.ret_view[r]) {
-      stack->push_back(originals[k]);
+      out[r] = c10::IValue();  // the argument itself (fill_aliased_returns)
     } else if (k >= 0 && originals[k].isTensor() && results[r].isTensor()) {
-      stack->push_back(view_with_geometry(originals[k].toTensor(), Geometry::of(results[r].toTensor())));
+      out[r] = view_with_geometry(originals[k].toTensor(), Geometry::of(results[r].toTensor()));
     } else {
-      stack->push_back(map_tensors(results[r], [&](const at::Tensor& t) { return adopt_host_result(a, t, d); }));
+      out[r] = map_tensors(results[r], [&](const at::Tensor& t) { return adopt_host_result(a, t, d); });
     }
   }
 }
@@ -349,7 +349,7 @@ namespace {
 // kDone: it already ran (synchronously, learning how its out= resizes).
 enum class Plan { kQueue, kSync, kDone };
 
-Plan plan(OpAnalysis& a, c10::ArrayRef<c10::IValue> args, c10::Stack* stack, c10::DeviceIndex d,
+Plan plan(OpAnalysis& a, c10::ArrayRef<c10::IValue> args, std::vector<c10::IValue>& results, c10::DeviceIndex d,
           std::shared_ptr<const MetaResult>& mr) {
   if (a.sync_only.load(std::memory_order_relaxed)) return Plan::kSync;
   if (a.fills) note_fill(args[0].toTensor(), args[1]);
@@ -395,7 +395,7 @@ Plan plan(OpAnalysis& a, c10::ArrayRef<c10::IValue> args, c10::Stack* stack, c10
     const int state = mr->out_resize.load(std::memory_order_relaxed);
     if (state == 0) {
       auto predicted = resized;  // sync_path may reenter the fallback (thread_local reuse)
-      sync_path(a, stack, d, &predicted);
+      sync_path(a, args, results, d, &predicted);
       mr->out_resize.store(predicted.empty() ? 1 : 2, std::memory_order_relaxed);
       return Plan::kDone;
     }
@@ -413,10 +413,7 @@ bool allocate_outputs(const OpAnalysis& a, c10::ArrayRef<c10::IValue> args, cons
   results.resize(a.num_returns);
   for (size_t r = 0; r < a.num_returns; ++r) {
     const int k = a.ret_arg[r];
-    if (k >= 0 && !a.ret_view[r]) {
-      results[r] = args[k];
-      continue;
-    }
+    if (k >= 0 && !a.ret_view[r]) continue;  // the argument itself (fill_aliased_returns)
     const auto& geoms = mr.returns[r];
     if (!geoms) continue;  // None
     std::vector<at::Tensor> ts;
@@ -527,7 +524,7 @@ void launch(OpAnalysis& a, c10::ArrayRef<c10::IValue> args, const std::shared_pt
   const AliasSet snapshots(&q);  // operands' CPU aliases are made when the kernel runs
   for (size_t i = 0; i < a.num_args; ++i)
     k->args().push_back(operand(a, i, args[i], d, [&](const at::Tensor& t, int pos) {
-      k->defer(snapshots.snapshot(t), static_cast<int>(i), pos);
+      k->defer(snapshots, t, static_cast<int>(i), pos);
       return at::Tensor();
     }));
   if (mode != OpKernel::Mode::kDirect) {
@@ -535,7 +532,7 @@ void launch(OpAnalysis& a, c10::ArrayRef<c10::IValue> args, const std::shared_pt
     for (size_t r = 0; r < a.num_returns; ++r)
       if (a.ret_arg[r] < 0)
         k->outs()[r] = map_tensors_indexed(results[r], [&](const at::Tensor& t, int pos) {
-          if (t.defined()) k->defer(snapshots.snapshot(t), -1 - static_cast<int>(r), pos);
+          if (t.defined()) k->defer(snapshots, t, -1 - static_cast<int>(r), pos);
           return at::Tensor();
         });
   }
@@ -560,23 +557,35 @@ void launch(OpAnalysis& a, c10::ArrayRef<c10::IValue> args, const std::shared_pt
 
 }  // namespace
 
-void neuron_fallback(const c10::OperatorHandle& op, c10::Stack* stack) {
-  OpAnalysis& a = analysis_for(op);
-  auto args = torch::jit::last(*stack, a.num_args);
+OpAnalysis& op_analysis(const c10::OperatorHandle& op) { return analysis_for(op); }
+
+void run_fallback(OpAnalysis& a, c10::ArrayRef<c10::IValue> args, std::vector<c10::IValue>& results) {
   check_supported(a, args);
   const c10::DeviceIndex d = op_device(a, args);
   std::shared_ptr<const MetaResult> mr;
-  switch (plan(a, args, stack, d, mr)) {
-    case Plan::kSync: return sync_path(a, stack, d);
+  switch (plan(a, args, results, d, mr)) {
+    case Plan::kSync: return sync_path(a, args, results, d);
     case Plan::kDone: return;
     case Plan::kQueue: break;
   }
-  std::vector<c10::IValue> results;
   if (allocate_outputs(a, args, *mr, d, results)) {
     launch(a, args, mr, d, results);
   } else {
     a.counters->view.fetch_add(1, std::memory_order_relaxed);
   }
+}
+
+void fill_aliased_returns(const OpAnalysis& a, c10::ArrayRef<c10::IValue> args, std::vector<c10::IValue>& results) {
+  for (size_t r = 0; r < results.size() && r < a.ret_arg.size(); ++r)
+    if (a.ret_arg[r] >= 0 && !a.ret_view[r]) results[r] = args[a.ret_arg[r]];
+}
+
+void neuron_fallback(const c10::OperatorHandle& op, c10::Stack* stack) {
+  OpAnalysis& a = analysis_for(op);
+  auto args = torch::jit::last(*stack, a.num_args);
+  std::vector<c10::IValue> results;
+  run_fallback(a, args, results);
+  fill_aliased_returns(a, args, results);  // (copies: the arguments are dropped next)
   torch::jit::drop(*stack, a.num_args);
   for (auto& r : results) stack->push_back(std::move(r));
 }
@@ -592,10 +601,22 @@ void register_direct_fallbacks() {
   // the fallback halves the dispatches and lets it pick the out= kernel itself.
   static auto* lib = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__,
                                         __LINE__);
+  // The hottest ops take the fallback through unboxed entry points (fast_ops.cpp) instead.
+  std::unordered_map<std::string, const FastOp*> fast;
+  for (const FastOp& f : fast_ops())
+    fast.emplace(std::string(f.name).substr(6) + (*f.overload_name ? std::string(".") + f.overload_name : ""), &f);
+  auto route = [&](const std::string& op) {
+    auto it = fast.find(op);
+    if (it == fast.end()) {
+      lib->impl(op.c_str(), torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>());
+    } else {
+      it->second->register_impl(*lib, op.c_str());
+      fast.erase(it);
+    }
+  };
   // Composite kernels that would call CPU dispatch stubs on neuron tensors.
   for (const FallbackPolicy& p : fallback_policies())
-    if (p.flags & kRouteDirect)
-      lib->impl(std::string(p.op).substr(6).c_str(), torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>());
+    if (p.flags & kRouteDirect) route(std::string(p.op).substr(6));
   auto& dispatcher = c10::Dispatcher::singleton();
   for (const auto& name : dispatcher.getAllOpNames()) {
     if (name.name.rfind("aten::", 0) != 0) continue;
@@ -614,7 +635,17 @@ void register_direct_fallbacks() {
         !cpu_overrides_composite)
       continue;
     const std::string full = name.name.substr(6) + (name.overload_name.empty() ? "" : "." + name.overload_name);
-    lib->impl(full.c_str(), torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>());
+    route(full);
+  }
+  // Fast ops with only backend kernels reach the fallback anyway: the entry point changes nothing else.
+  for (const auto& [op, f] : fast) {
+    auto h = dispatcher.findSchema({f->name, f->overload_name});
+    if (!h || h->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1) ||
+        h->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd) ||
+        h->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
+        h->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional))
+      continue;
+    f->register_impl(*lib, op.c_str());
   }
 }
 

@@ -31,18 +31,25 @@ bool put_tensor(std::string& k, const at::Tensor& t) {
     k.push_back('U');
     return true;
   }
-  if (t.device().type() != kNeuron && t.dim() > 0) return false;
-  k.push_back('T');
-  put(k, static_cast<int8_t>(t.device().type()));
-  put(k, static_cast<int8_t>(t.scalar_type()));
-  const uint8_t flags = (t.unsafeGetTensorImpl()->is_wrapped_number() ? 1 : 0) | (t.is_conj() ? 2 : 0) |
-                        (t.is_neg() ? 4 : 0);
-  put(k, flags);
-  put(k, static_cast<int32_t>(t.dim()));
-  for (int64_t s : t.sizes()) put(k, s);
-  for (int64_t s : t.strides()) put(k, s);
-  put(k, t.storage_offset());
-  if (t.device().type() == kNeuron) put(k, static_cast<int64_t>(t.storage().nbytes()));
+  const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  const bool on_device = impl->device_type() == kNeuron;
+  if (!on_device && impl->dim() > 0) return false;
+  // Few appends of whole fields: this runs for every operand of every op.
+  struct Header {
+    char tag;
+    int8_t device_type, dtype;
+    uint8_t flags;
+    int32_t dim;
+  } h{'T', static_cast<int8_t>(impl->device_type()), static_cast<int8_t>(c10::typeMetaToScalarType(impl->dtype())),
+      static_cast<uint8_t>((impl->is_wrapped_number() ? 1 : 0) | (impl->is_conj() ? 2 : 0) | (impl->is_neg() ? 4 : 0)),
+      static_cast<int32_t>(impl->dim())};
+  put(k, h);
+  const c10::IntArrayRef sizes = impl->sizes(), strides = impl->strides();
+  k.append(reinterpret_cast<const char*>(sizes.data()), sizes.size() * sizeof(int64_t));
+  k.append(reinterpret_cast<const char*>(strides.data()), strides.size() * sizeof(int64_t));
+  const int64_t tail[2] = {impl->storage_offset(),
+                           on_device ? static_cast<int64_t>(impl->unsafe_storage().nbytes()) : int64_t{-1}};
+  k.append(reinterpret_cast<const char*>(tail), on_device ? 2 * sizeof(int64_t) : sizeof(int64_t));
   return true;
 }
 
@@ -149,9 +156,28 @@ void MetaCache::make_dtype_key(c10::ArrayRef<c10::IValue> args, std::string& key
 }
 
 std::shared_ptr<const MetaResult> MetaCache::find(const std::string& key) {
-  std::lock_guard<std::mutex> g(mu_);
-  auto it = map_.find(key);
-  return it == map_.end() ? nullptr : it->second;
+  // A loop repeats an op's last signature: each thread remembers, per cache, the last key it
+  // found (no lock, no hash). Results are never withdrawn, only evicted, so a remembered one
+  // stays the right answer for its key.
+  struct Last {
+    const MetaCache* cache = nullptr;
+    std::string key;
+    std::shared_ptr<const MetaResult> result;
+  };
+  thread_local Last last[32];
+  Last& l = last[(reinterpret_cast<uintptr_t>(this) >> 6) & 31];
+  if (l.cache == this && l.key == key) return l.result;
+  std::shared_ptr<const MetaResult> r;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = map_.find(key);
+    if (it == map_.end()) return nullptr;
+    r = it->second;
+  }
+  l.cache = this;
+  l.key = key;
+  l.result = r;
+  return r;
 }
 
 void MetaCache::insert(const std::string& key, std::shared_ptr<const MetaResult> r) {

@@ -96,14 +96,19 @@ class OpKernel final : public rt::Kernel {
   // then also destroys it): the host's per-op cost is a snapshot. It goes to args()[arg] (outs()
   // [-1 - arg] for outputs), or to position pos of the list there; the slot holds an undefined
   // placeholder until then.
-  void defer(TensorSnapshot s, int arg, int pos) { deferred_.push_back({std::move(s), arg, pos}); }
+  void defer(const AliasSet& snapshots, const at::Tensor& t, int arg, int pos) {
+    Deferred& d = deferred_.emplace_back();
+    snapshots.snapshot_into(t, d.snapshot);
+    d.arg = arg;
+    d.pos = pos;
+  }
 
  private:
   void materialize();
   void restore_restrided_outputs();
   struct Deferred {
     TensorSnapshot snapshot;
-    int arg, pos;
+    int arg = 0, pos = -1;
   };
   c10::SmallVector<Deferred, 3> deferred_;
   std::vector<c10::Storage> keep_;  // storages of operands the stream order does not cover
@@ -118,5 +123,14 @@ class OpKernel final : public rt::Kernel {
 // The boxed kernel every aten op without a neuron kernel of its own goes
 // through: the CPU kernel run on the device's queue over device memory.
 void neuron_fallback(const c10::OperatorHandle& op, c10::Stack* stack);
+
+// The fallback's analysis of op (made once, kept for the process).
+OpAnalysis& op_analysis(const c10::OperatorHandle& op);
+// The fallback's work for one call of a's op, for entry points that hold the arguments
+// themselves (the boxed fallback; unboxed entry points, fast_ops.cpp). Returns that are one
+// of the arguments (in-place self, out=) are left None: the caller returns its argument
+// (fill_aliased_returns does, for a boxed caller).
+void run_fallback(OpAnalysis& a, c10::ArrayRef<c10::IValue> args, std::vector<c10::IValue>& results);
+void fill_aliased_returns(const OpAnalysis& a, c10::ArrayRef<c10::IValue> args, std::vector<c10::IValue>& results);
 
 }  // namespace neuronx

@@ -103,23 +103,47 @@ uint64_t token_of(PyCodeObject* code, CodeEntry& e, int instruction) {
   return e.by_instruction[instruction] = g_texts.size();
 }
 
+#ifdef NEURONX_READ_FRAMES
+// What one (code object, instruction) resolved to, remembered per thread so that a loop launching
+// from the same lines takes no lock: the table's entries are never removed or renumbered.
+struct Seen {
+  const PyCodeObject* code = nullptr;
+  PyObject* filename = nullptr;
+  PyObject* qualname = nullptr;
+  int firstlineno = 0, instruction = -1;
+  bool library = false;
+  uint64_t token = 0;  // 0 for library frames below the innermost (never resolved)
+};
+
+// The token of frame f (at `depth`), and whether its code is the library's.
+std::pair<uint64_t, bool> frame_token(_PyInterpreterFrame* f, int depth) {
+  thread_local Seen seen[64];
+  PyCodeObject* code = f->f_code;
+  const int instruction = _PyInterpreterFrame_LASTI(f);
+  Seen& s = seen[(reinterpret_cast<uintptr_t>(code) >> 4 ^ static_cast<uintptr_t>(instruction)) & 63];
+  if (s.code == code && s.instruction == instruction && s.filename == code->co_filename &&
+      s.qualname == code->co_qualname && s.firstlineno == code->co_firstlineno && (!s.library || s.token || depth))
+    return {s.token, s.library};
+  std::lock_guard<std::mutex> g(g_mu);
+  CodeEntry& e = entry_of(code);
+  const uint64_t token = !e.library || depth == 0 ? token_of(code, e, instruction) : 0;
+  s = Seen{code, code->co_filename, code->co_qualname, code->co_firstlineno, instruction, e.library, token};
+  return {token, e.library};
+}
+#endif
+
 uint64_t capture() {
 #ifdef NEURONX_READ_FRAMES
   if (!Py_IsInitialized()) return 0;
   PyThreadState* ts = PyGILState_GetThisThreadState();  // this thread's, whether it holds the GIL or not
   if (!ts || !ts->cframe) return 0;
-  std::lock_guard<std::mutex> g(g_mu);
   uint64_t innermost = 0;
   int depth = 0;
   for (_PyInterpreterFrame* f = ts->cframe->current_frame; f && depth < kMaxDepth; f = f->previous) {
     if (_PyFrame_IsIncomplete(f)) continue;  // a frame still being set up runs no user code yet
-    PyCodeObject* code = f->f_code;
-    CodeEntry& e = entry_of(code);
-    if (!e.library || depth == 0) {
-      const uint64_t token = token_of(code, e, _PyInterpreterFrame_LASTI(f));
-      if (!e.library) return token;
-      innermost = token;
-    }
+    const auto [token, library] = frame_token(f, depth);
+    if (!library) return token;
+    if (depth == 0) innermost = token;
     ++depth;
   }
   return innermost;  // only torch's own frames: the innermost of them

@@ -79,17 +79,15 @@ c10::Storage AliasSet::cpu_storage(const at::Tensor& t, bool resizable) {
   return cpu_.put(st, std::move(storage));
 }
 
-TensorSnapshot AliasSet::snapshot(const at::Tensor& t) const {
-  TensorSnapshot s;
-  c10::StorageImpl* st = t.storage().unsafeGetStorageImpl();
+void AliasSet::snapshot_into(const at::Tensor& t, TensorSnapshot& s) const {
+  c10::StorageImpl* st = t.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
   s.impl = t.unsafeGetTensorImpl();
   s.storage = st;
   s.base = st->data_ptr().get();
   s.nbytes = st->nbytes();
-  s.geometry = Geometry::of(t);
+  s.geometry.assign(t);
   s.wrapped = s.impl->is_wrapped_number();
   if (s.base && !(stream_ && allocation_stream(st->data_ptr()) == stream_)) s.keep = t.storage();
-  return s;
 }
 
 at::Tensor AliasSet::cpu(const TensorSnapshot& s) {
@@ -129,17 +127,27 @@ at::Tensor cpu_alias(const at::Tensor& t, bool resizable, const rt::Queue* strea
 
 Geometry Geometry::of(const at::Tensor& t) {
   Geometry g;
-  if (!t.defined()) {
-    g.defined = false;
-    return g;
-  }
-  g.sizes.assign(t.sizes().begin(), t.sizes().end());
-  g.strides.assign(t.strides().begin(), t.strides().end());
-  g.offset = t.storage_offset();
-  g.dtype = t.scalar_type();
-  g.conj = t.is_conj();
-  g.neg = t.is_neg();
+  g.assign(t);
   return g;
+}
+
+void Geometry::assign(const at::Tensor& t) {
+  defined = t.defined();
+  if (!defined) {
+    sizes.clear();
+    strides.clear();
+    offset = 0;
+    dtype = c10::ScalarType::Undefined;
+    conj = neg = false;
+    return;
+  }
+  const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  sizes.assign(impl->sizes().begin(), impl->sizes().end());
+  strides.assign(impl->strides().begin(), impl->strides().end());
+  offset = impl->storage_offset();
+  dtype = c10::typeMetaToScalarType(impl->dtype());
+  conj = impl->is_conj();
+  neg = impl->is_neg();
 }
 
 
@@ -154,11 +162,16 @@ at::Tensor view_with_geometry(const at::Tensor& base, const Geometry& g) {
 
 at::Tensor empty_with_geometry(const Geometry& g, c10::DeviceIndex d) {
   if (!g.defined) return at::Tensor();
-  c10::DeviceGuard guard(c10::Device(kNeuron, d));
-  auto t = at::detail::empty_strided_generic(g.sizes, g.strides, device_allocator(),
-                                             c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), g.dtype);
+  // empty_strided's work, allocating on d directly (no device guard around it: this is every op's output)
+  const caffe2::TypeMeta dtype = c10::scalarTypeToTypeMeta(g.dtype);
+  const size_t nbytes = at::detail::computeStorageNbytes(g.sizes, g.strides, dtype.itemsize());
+  auto storage = c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), nbytes,
+                                                       allocate_on(nbytes, d), device_allocator(), true);
+  auto t = at::detail::make_tensor_base<c10::TensorImpl>(std::move(storage),
+                                                         c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), dtype);
+  t.unsafeGetTensorImpl()->set_sizes_and_strides(g.sizes, g.strides);
   apply_flags(t.unsafeGetTensorImpl(), g);
-  return t;
+  return at::Tensor(std::move(t));
 }
 
 void adopt_geometry(const at::Tensor& t, const Geometry& g) {

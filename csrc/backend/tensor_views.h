@@ -18,6 +18,7 @@ struct Geometry {
   bool conj = false, neg = false;
   bool defined = true;  // false: the op returned an undefined tensor here
   static Geometry of(const at::Tensor& t);
+  void assign(const at::Tensor& t);  // *this = of(t), reusing this one's storage
 };
 
 // What a CPU alias of a neuron tensor is made from, captured when a kernel is queued, so the
@@ -50,9 +51,9 @@ class AliasSet {
   at::Tensor meta(const at::Tensor& t);
   // A CPU storage over the bytes of t's (neuron) storage, one per storage.
   c10::Storage cpu_storage(const at::Tensor& t, bool resizable = false);
-  // cpu(t) in two steps: what to capture now, and the alias made from it later (by an
-  // AliasSet without a stream: the snapshot already keeps what must be kept).
-  TensorSnapshot snapshot(const at::Tensor& t) const;
+  // cpu(t) in two steps: what to capture now (into s, in place), and the alias made from it later
+  // (by an AliasSet without a stream: the snapshot already keeps what must be kept).
+  void snapshot_into(const at::Tensor& t, TensorSnapshot& s) const;
   at::Tensor cpu(const TensorSnapshot& s);
 
  private:

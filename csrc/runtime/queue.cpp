@@ -85,16 +85,14 @@ Queue::Queue(Engine* engine, int device, uint64_t id, int priority)
 }
 
 uint64_t Queue::submit(Task&& t) {
-  {
-    std::unique_lock<std::mutex> lk(engine_->mu_);
-    if (submitted_ - completed_ >= kMaxPending) {
-      lk.unlock();
-      BlockingScope blocking;  // the engine may need what the caller holds (GIL)
-      std::unique_lock<std::mutex> wait_lk(engine_->mu_);
-      engine_->sync_waiters_++;
-      engine_->done_cv_.wait(wait_lk, [&] { return submitted_ - completed_ < kMaxPending / 2; });
-      engine_->sync_waiters_--;
-    }
+  // The bound is a throttle, read without the lock (one lock per submit, not two): completed_ only
+  // grows, and concurrent submitters can pass it by no more than their number.
+  if (submitted_.load(std::memory_order_relaxed) - completed_.load(std::memory_order_acquire) >= kMaxPending) {
+    BlockingScope blocking;  // the engine may need what the caller holds (GIL)
+    std::unique_lock<std::mutex> wait_lk(engine_->mu_);
+    engine_->sync_waiters_++;
+    engine_->done_cv_.wait(wait_lk, [&] { return submitted_ - completed_ < kMaxPending / 2; });
+    engine_->sync_waiters_--;
   }
   std::unique_lock<std::mutex> lk(engine_->mu_);
   engine_->ensure_started_locked();

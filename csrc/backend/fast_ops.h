@@ -1,0 +1,17 @@
+#pragma once
+// The ops that get unboxed entry points into the fallback (fast_ops.cpp).
+#include <torch/library.h>
+
+#include <vector>
+
+namespace neuronx {
+
+struct FastOp {
+  const char* name;           // "aten::add"
+  const char* overload_name;  // "Tensor"
+  void (*register_impl)(torch::Library& lib, const char* op);  // lib.impl(op, <unboxed entry>)
+};
+
+const std::vector<FastOp>& fast_ops();
+
+}  // namespace neuronx
