@@ -34,7 +34,8 @@ def test_linear_cross_entropy_accumulates_in_float32_as_on_cpu_and_cuda(dtype):
 
 
 def test_the_adjustments_are_in_effect():
-    assert {"flex_attention_device", "higher_order_autocast"} <= set(compat.applied())
+    assert {"flex_attention_device", "higher_order_autocast", "linear_cross_entropy_accumulation",
+            "multi_backend_default"} <= set(compat.applied())
     # Other higher-order ops pass autocast through on neuron, as on CPU and CUDA.
     from torch._C import DispatchKey
     from torch._higher_order_ops.cond import cond_op

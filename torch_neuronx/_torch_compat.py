@@ -13,6 +13,11 @@ listed in docs/device.md ("Adjustments to PyTorch"). Nothing else in the package
   higher-order op gets the fallthrough that PyTorch gives AutocastCPU/AutocastCUDA.
 - ``linear_cross_entropy``: the chunked path picks fp32 accumulation for bf16/fp16 inputs on CPU
   and CUDA only; ``neuron`` gets fp32 and CPU's chunking defaults (its kernels are CPU's).
+- Process groups with a backend per device (``"cpu:gloo,neuron:neuron"``): ``torch.distributed``
+  looks for a registered backend's name among the device map's values in upper case (the
+  plugin registry's keys) while the values are lower case, so such a group gets no default
+  backend and ``destroy_process_group`` warns "No backend of type 0". ``neuron`` groups get the
+  default backend torch gives a matching plugin (CUSTOM).
 """
 import warnings
 
@@ -91,6 +96,31 @@ def _linear_cross_entropy_accumulation():
     _applied.append("linear_cross_entropy_accumulation")
 
 
+def _multi_backend_default():
+    import inspect
+
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    original = c10d._new_process_group_helper
+    if getattr(original, "_neuron", False):
+        return
+    signature = inspect.signature(original)
+
+    def _new_process_group_helper(*args, **kwargs):
+        pg, store = original(*args, **kwargs)
+        backend = str(signature.bind(*args, **kwargs).arguments.get("backend", ""))
+        if ("," in backend or ":" in backend) and pg is not None and pg is not c10d.GroupMember.NON_GROUP_MEMBER:
+            values = c10d.BackendConfig(dist.Backend(backend)).get_device_backend_map().values()
+            if "neuron" in values and dist.Backend.NCCL not in values:
+                pg._set_default_backend(dist.ProcessGroup.BackendType.CUSTOM)
+        return pg, store
+
+    _new_process_group_helper._neuron = True
+    c10d._new_process_group_helper = _new_process_group_helper
+    _applied.append("multi_backend_default")
+
+
 def apply():
     """Applies every adjustment once; on an unchecked torch version, warns and applies none."""
     if _applied:
@@ -98,12 +128,13 @@ def apply():
     if not torch.__version__.startswith(_CHECKED):
         warnings.warn(
             f"torch_neuronx: torch {torch.__version__} is not a version its PyTorch adjustments were checked "
-            f"against ({', '.join(v + 'x' for v in _CHECKED)}); FlexAttention and linear_cross_entropy keep "
-            "PyTorch's own device rules on neuron. Install torch==2.13.0.",
+            f"against ({', '.join(v + 'x' for v in _CHECKED)}); FlexAttention, linear_cross_entropy and "
+            "multi-backend process groups keep PyTorch's own device rules on neuron. Install torch==2.13.0.",
             stacklevel=2,
         )
         return
-    for adjust in (_flex_attention_device, _higher_order_autocast, _linear_cross_entropy_accumulation):
+    for adjust in (_flex_attention_device, _higher_order_autocast, _linear_cross_entropy_accumulation,
+                   _multi_backend_default):
         try:
             adjust()
         except (AttributeError, ImportError, KeyError) as e:  # torch moved something: say which
