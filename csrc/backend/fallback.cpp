@@ -16,6 +16,7 @@
 #include <shared_mutex>
 #include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "backend/registration.h"
 #include "backend/fallback_policy.h"
@@ -605,7 +606,9 @@ void register_direct_fallbacks() {
   std::unordered_map<std::string, const FastOp*> fast;
   for (const FastOp& f : fast_ops())
     fast.emplace(std::string(f.name).substr(6) + (*f.overload_name ? std::string(".") + f.overload_name : ""), &f);
+  std::unordered_set<std::string> routed;  // (an op may qualify twice: policy and schema)
   auto route = [&](const std::string& op) {
+    if (!routed.insert(op).second) return;
     auto it = fast.find(op);
     if (it == fast.end()) {
       lib->impl(op.c_str(), torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>());

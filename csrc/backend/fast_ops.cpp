@@ -135,8 +135,11 @@ struct Unboxed<Op, Ret(Args...)> {
     return a;
   }
 
+  static inline std::atomic<uint64_t> calls{0};
+
   static Ret call(Args... args) {
     OpAnalysis& a = analysis();
+    calls.fetch_add(1, std::memory_order_relaxed);
     std::vector<c10::IValue> results;
     {
       BorrowedArgs<sizeof...(Args)> boxed;
@@ -158,7 +161,8 @@ template <typename Op>
 FastOp fast_op() {
   return FastOp{Op::name, Op::overload_name, [](torch::Library& lib, const char* name) {
                   lib.impl(name, TORCH_FN(Unboxed<Op>::call));
-                }};
+                },
+                &Unboxed<Op>::calls};
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include "backend/bindings.h"
 #include "backend/common.h"
 #include "backend/fallback_policy.h"
+#include "backend/fast_ops.h"
 #include "backend/metrics.h"
 #include "backend/op_origin.h"
 #include "backend/python_hooks.h"
@@ -167,6 +168,13 @@ PYBIND11_MODULE(_C, m) {
   m.def("_fallback_policies", [] {
     std::vector<std::tuple<std::string, std::string, std::string>> out;
     for (const FallbackPolicy& p : fallback_policies()) out.emplace_back(p.op, policy_flag_names(p.flags), p.why);
+    return out;
+  });
+  m.def("_fast_ops", [] {  // {op: calls through its unboxed entry point}
+    std::map<std::string, uint64_t> out;
+    for (const FastOp& f : fast_ops())
+      out[std::string(f.name) + (*f.overload_name ? std::string(".") + f.overload_name : "")] =
+          f.calls->load(std::memory_order_relaxed);
     return out;
   });
   m.def("_pending_tasks", [](int d) {
