@@ -114,10 +114,9 @@ NeuronHostAllocator g_host_allocator;
 c10::Allocator* device_allocator() { return &g_device_allocator; }
 
 c10::DataPtr allocate_on(size_t n, c10::DeviceIndex d) {
-  rt::Device& dev = runtime_device(d);
-  rt::Queue& stream = translate([&]() -> rt::Queue& { return dev.queue(current_stream_id(d)); });
+  const CurrentStream s = current_stream(d);
   void* handle = nullptr;
-  void* p = translate([&] { return dev.allocator().malloc(n, &handle, &stream); });
+  void* p = translate([&] { return s.device->allocator().malloc(n, &handle, s.queue); });
   return {p, handle, &device_delete, c10::Device(kNeuron, d)};
 }
 

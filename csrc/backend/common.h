@@ -44,6 +44,12 @@ rt::Device& runtime_device(c10::DeviceIndex d);
 // Current stream (queue id) of this thread for device d.
 uint64_t current_stream_id(c10::DeviceIndex d);
 void set_current_stream_id(c10::DeviceIndex d, uint64_t id);
+// The device and its queue for the thread's current stream on device d.
+struct CurrentStream {
+  rt::Device* device;
+  rt::Queue* queue;
+};
+CurrentStream current_stream(c10::DeviceIndex d);
 rt::Queue& current_queue(c10::DeviceIndex d);
 c10::Stream make_stream(c10::DeviceIndex d, uint64_t id);
 

@@ -94,10 +94,22 @@ void set_current_stream_id(c10::DeviceIndex d, uint64_t id) {
   t_stream[d] = id;
 }
 
-rt::Queue& current_queue(c10::DeviceIndex d) {
+CurrentStream current_stream(c10::DeviceIndex d) {
+  // Every op asks for it (to queue its kernel, to allocate its outputs): remember the last
+  // answer per thread. Queues live as long as their device; a forked child still gets its error.
+  thread_local c10::DeviceIndex last_device = -1;
+  thread_local uint64_t last_id = 0;
+  thread_local CurrentStream last{};
+  if (d == last_device && last.queue && t_stream[d] == last_id && !rt::in_bad_fork()) return last;
   rt::Device& dev = runtime_device(d);
-  return translate([&]() -> rt::Queue& { return dev.queue(t_stream[d]); });
+  rt::Queue& q = translate([&]() -> rt::Queue& { return dev.queue(t_stream[d]); });
+  last_device = d;
+  last_id = t_stream[d];
+  last = {&dev, &q};
+  return last;
 }
+
+rt::Queue& current_queue(c10::DeviceIndex d) { return *current_stream(d).queue; }
 
 c10::Stream make_stream(c10::DeviceIndex d, uint64_t id) {
   return c10::Stream(c10::Stream::UNSAFE, c10::Device(kNeuron, d), static_cast<c10::StreamId>(id));

@@ -417,11 +417,16 @@ bool allocate_outputs(const OpAnalysis& a, c10::ArrayRef<c10::IValue> args, cons
     if (k >= 0 && !a.ret_view[r]) continue;  // the argument itself (fill_aliased_returns)
     const auto& geoms = mr.returns[r];
     if (!geoms) continue;  // None
+    if (k < 0) launch = true;
+    if (!mr.return_is_list[r] && geoms->size() == 1) {
+      const Geometry& g = (*geoms)[0];
+      results[r] = k >= 0 ? view_with_geometry(args[k].toTensor(), g) : empty_with_geometry(g, d);
+      continue;
+    }
     std::vector<at::Tensor> ts;
     ts.reserve(geoms->size());
     for (const Geometry& g : *geoms)
       ts.push_back(k >= 0 ? view_with_geometry(args[k].toTensor(), g) : empty_with_geometry(g, d));
-    if (k < 0) launch = true;
     results[r] = mr.return_is_list[r] ? c10::IValue(c10::List<at::Tensor>(ts)) : c10::IValue(ts[0]);
   }
   for (const auto& [i, g] : mr.written) {
@@ -584,7 +589,8 @@ void fill_aliased_returns(const OpAnalysis& a, c10::ArrayRef<c10::IValue> args, 
 void neuron_fallback(const c10::OperatorHandle& op, c10::Stack* stack) {
   OpAnalysis& a = analysis_for(op);
   auto args = torch::jit::last(*stack, a.num_args);
-  std::vector<c10::IValue> results;
+  rt::RecycledScope<std::vector<c10::IValue>> scope;
+  std::vector<c10::IValue>& results = scope.value;
   run_fallback(a, args, results);
   fill_aliased_returns(a, args, results);  // (copies: the arguments are dropped next)
   torch::jit::drop(*stack, a.num_args);

@@ -140,7 +140,8 @@ struct Unboxed<Op, Ret(Args...)> {
   static Ret call(Args... args) {
     OpAnalysis& a = analysis();
     calls.fetch_add(1, std::memory_order_relaxed);
-    std::vector<c10::IValue> results;
+    rt::RecycledScope<std::vector<c10::IValue>> scope;
+    std::vector<c10::IValue>& results = scope.value;
     {
       BorrowedArgs<sizeof...(Args)> boxed;
       (boxed.push(args), ...);

@@ -12,6 +12,7 @@
 #include "backend/common.h"
 #include "backend/meta_cache.h"
 #include "backend/metrics.h"
+#include "runtime/recycled.h"
 #include "backend/tensor_views.h"
 #include "runtime/kernel.h"
 
@@ -76,7 +77,12 @@ class OpKernel final : public rt::Kernel {
     kOut,             // run its out= form writing straight into the new outputs
     kFunctionalCopy,  // run the functional op, copy results into the new outputs
   };
-  OpKernel(const OpAnalysis* a, Mode m) : op_(a), mode_(m) {}
+  OpKernel(const OpAnalysis* a, Mode m)
+      : op_(a), mode_(m), args_(rt::Recycled<c10::Stack>::take()), outs_(rt::Recycled<c10::Stack>::take()) {}
+  ~OpKernel() override {
+    rt::Recycled<c10::Stack>::give(std::move(args_));
+    rt::Recycled<c10::Stack>::give(std::move(outs_));
+  }
   void run() override;      // on the queue: errors become plain messages (no C++ backtrace)
   void execute();           // the kernel itself; also run inline to validate a first call
   const char* name() const override { return op_->name.c_str(); }

@@ -48,6 +48,7 @@ CachingAllocator::~CachingAllocator() {
     }
     delete seg;
   }
+  for (Block* b : spare_blocks_) delete b;
 }
 
 size_t CachingAllocator::round_size(size_t n) {
@@ -67,6 +68,58 @@ void CachingAllocator::update_stats(bool small, StatArray AllocatorStats::*field
   }
 }
 
+void CachingAllocator::account_block(bool small, int sign, size_t size, size_t requested) {
+  const int t = small ? kSmallPool : kLargePool;
+  const int64_t bytes = sign * static_cast<int64_t>(size);
+  for (int i : {static_cast<int>(kAggregate), t}) {
+    stats_.allocation[i].add(sign);
+    stats_.active[i].add(sign);
+    stats_.allocated_bytes[i].add(bytes);
+    stats_.active_bytes[i].add(bytes);
+    stats_.requested_bytes[i].add(sign * static_cast<int64_t>(requested));
+  }
+  if (telemetry::CoreCounters* c = telemetry::core(device_)) {
+    const Stat& a = stats_.allocated_bytes[kAggregate];
+    c->allocated.store(static_cast<uint64_t>(a.current), std::memory_order_relaxed);
+    c->peak_allocated.store(static_cast<uint64_t>(a.peak), std::memory_order_relaxed);
+    c->reserved.store(static_cast<uint64_t>(stats_.reserved_bytes[kAggregate].current), std::memory_order_relaxed);
+  }
+}
+
+void CachingAllocator::pool_insert(Pool& pool, Block* b) {
+  if (spare_nodes_.empty()) {
+    pool.insert(b);
+    return;
+  }
+  Pool::node_type n = std::move(spare_nodes_.back());
+  spare_nodes_.pop_back();
+  n.value() = b;
+  pool.insert(std::move(n));
+}
+
+void CachingAllocator::pool_erase(Pool& pool, Pool::iterator it) {
+  if (spare_nodes_.size() < kSpares) spare_nodes_.push_back(pool.extract(it));
+  else pool.erase(it);
+}
+
+CachingAllocator::Block* CachingAllocator::make_block() {
+  if (spare_blocks_.empty()) return new Block;
+  Block* b = spare_blocks_.back();
+  spare_blocks_.pop_back();
+  *b = Block{};
+  return b;
+}
+
+void CachingAllocator::drop_block(Block* b) {
+  if (spare_blocks_.size() < kSpares) {
+    b->context.reset();
+    b->stream_uses.clear();
+    spare_blocks_.push_back(b);
+  } else {
+    delete b;
+  }
+}
+
 CachingAllocator::Block* CachingAllocator::find_free(Pool& pool, const Queue* stream, size_t size) {
   Block key;
   key.stream = stream;
@@ -75,7 +128,7 @@ CachingAllocator::Block* CachingAllocator::find_free(Pool& pool, const Queue* st
   auto it = pool.lower_bound(&key);
   if (it == pool.end() || (*it)->stream != stream) return nullptr;
   Block* b = *it;
-  pool.erase(it);
+  pool_erase(pool, it);
   return b;
 }
 
@@ -285,7 +338,7 @@ void* CachingAllocator::malloc(size_t n, void** handle, const Queue* stream) {
   const size_t remaining = b->size - size;
   const bool split = small ? remaining >= kMinBlock : remaining > kSmallSize;
   if (split) {
-    auto* rest = new Block;
+    Block* rest = make_block();
     rest->size = remaining;
     rest->ptr = b->ptr + size;
     rest->seg = b->seg;
@@ -295,17 +348,13 @@ void* CachingAllocator::malloc(size_t n, void** handle, const Queue* stream) {
     if (b->next) b->next->prev = rest;
     b->next = rest;
     b->size = size;
-    pool.insert(rest);
+    pool_insert(pool, rest);
   }
   b->allocated = true;
   b->requested = n;
   record_locked(TraceEntry::Action::kAlloc, reinterpret_cast<uintptr_t>(b->ptr), b->size, ctx);
   b->context = std::move(ctx);
-  update_stats(small, &AllocatorStats::allocation, 1);
-  update_stats(small, &AllocatorStats::active, 1);
-  update_stats(small, &AllocatorStats::allocated_bytes, static_cast<int64_t>(b->size));
-  update_stats(small, &AllocatorStats::active_bytes, static_cast<int64_t>(b->size));
-  update_stats(small, &AllocatorStats::requested_bytes, static_cast<int64_t>(n));
+  account_block(small, 1, b->size, n);
   *handle = b;
   return b->ptr;
 }
@@ -340,31 +389,27 @@ void CachingAllocator::free_block_locked(Block* b, const std::shared_ptr<AllocCo
   if (b->stream) b->seg->fence = std::max(b->seg->fence, b->stream->submitted_seq());
   if (trace_on_)
     record_locked(TraceEntry::Action::kFreeCompleted, reinterpret_cast<uintptr_t>(b->ptr), b->size, ctx);
-  update_stats(small, &AllocatorStats::allocation, -1);
-  update_stats(small, &AllocatorStats::active, -1);
-  update_stats(small, &AllocatorStats::allocated_bytes, -static_cast<int64_t>(b->size));
-  update_stats(small, &AllocatorStats::active_bytes, -static_cast<int64_t>(b->size));
-  update_stats(small, &AllocatorStats::requested_bytes, -static_cast<int64_t>(b->requested));
+  account_block(small, -1, b->size, b->requested);
   b->requested = 0;
   // Coalesce with free neighbours.
   for (Block* nb : {b->prev, b->next}) {
     if (!nb || nb->allocated) continue;
-    pool.erase(nb);
+    pool_erase(pool, pool.find(nb));
     if (nb == b->prev) {
       nb->size += b->size;
       nb->next = b->next;
       if (b->next) b->next->prev = nb;
       if (b->seg->head == b) b->seg->head = nb;
-      delete b;
+      drop_block(b);
       b = nb;
     } else {
       b->size += nb->size;
       b->next = nb->next;
       if (nb->next) nb->next->prev = b;
-      delete nb;
+      drop_block(nb);
     }
   }
-  pool.insert(b);
+  pool_insert(pool, b);
 }
 
 void CachingAllocator::release(void* handle) {

@@ -112,6 +112,7 @@ class CachingAllocator {
  public:
   static constexpr size_t kMinBlock = 512;
   static constexpr size_t kSmallSize = 1 << 20;       // requests <= 1 MiB: small pool
+  static constexpr size_t kSpares = 64;               // recycled tree nodes and Block records kept
   static constexpr size_t kSmallBuffer = 2 << 20;     // small pool segment size
   static constexpr size_t kLargeBuffer = 20 << 20;    // segment for 1..10 MiB requests
   static constexpr size_t kMinLargeAlloc = 10 << 20;
@@ -206,6 +207,12 @@ class CachingAllocator {
   };
 
   Block* find_free(Pool& pool, const Queue* stream, size_t size);
+  // Splitting and coalescing run on every allocation and free of a small tensor: their
+  // tree nodes and Block records are recycled instead of going through malloc each time.
+  void pool_insert(Pool& pool, Block* b);
+  void pool_erase(Pool& pool, Pool::iterator it);
+  Block* make_block();
+  void drop_block(Block* b);
   Block* new_segment(size_t alloc_size, bool small, size_t requested,
                      const std::shared_ptr<AllocContext>& ctx, const Queue* stream);
   void record_locked(TraceEntry::Action a, uintptr_t addr, size_t size,
@@ -220,6 +227,8 @@ class CachingAllocator {
   void process_pending_locked();
   void release_segment(Segment* s);
   void update_stats(bool small, StatArray AllocatorStats::*field, int64_t n);
+  // The five per-block statistics of an allocation (sign +1) or a free (-1).
+  void account_block(bool small, int sign, size_t size, size_t requested);
   size_t effective_capacity() const { return limit_ ? limit_ : capacity_; }
 
   const int device_;
@@ -228,6 +237,8 @@ class CachingAllocator {
   double gc_threshold_ = 0;
   mutable std::mutex mu_;
   Pool small_pool_, large_pool_;
+  std::vector<Pool::node_type> spare_nodes_;
+  std::vector<Block*> spare_blocks_;
   std::vector<PendingFree> pending_;
   std::unordered_map<char*, Segment*> segments_;  // base -> segment
   size_t reserved_ = 0;

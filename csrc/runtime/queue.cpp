@@ -1,4 +1,5 @@
 #include "runtime/queue.h"
+#include "runtime/recycled.h"
 
 #include "runtime/telemetry.h"
 
@@ -77,6 +78,23 @@ BlockingScope::~BlockingScope() {
   if (g_hooks.exit) g_hooks.exit(token_);
 }
 
+namespace {
+// The engine's lock guards short sections that the host (submit) and the engine (take a task,
+// complete it) enter once per op. Sleeping in the kernel when the other holds it costs more
+// than those sections (futex wait and wake); spinning briefly for it costs less.
+void lock_spinning(std::unique_lock<std::mutex>& lk) {
+  for (int i = 0; i < 256; ++i) {
+    if (lk.try_lock()) return;
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#else
+    std::this_thread::yield();
+#endif
+  }
+  lk.lock();
+}
+}  // namespace
+
 // ---------------------------------------------------------------- Queue
 
 Queue::Queue(Engine* engine, int device, uint64_t id, int priority)
@@ -94,13 +112,14 @@ uint64_t Queue::submit(Task&& t) {
     engine_->done_cv_.wait(wait_lk, [&] { return submitted_ - completed_ < kMaxPending / 2; });
     engine_->sync_waiters_--;
   }
-  std::unique_lock<std::mutex> lk(engine_->mu_);
+  std::unique_lock<std::mutex> lk(engine_->mu_, std::defer_lock);
+  lock_spinning(lk);
   engine_->ensure_started_locked();
   t.seq = ++submitted_;
   uint64_t seq = t.seq;
   tasks_.push_back(std::move(t));
   engine_->pending_.fetch_add(1, std::memory_order_release);
-  if (telemetry::CoreCounters* c = telemetry::core(device_)) c->queued.fetch_add(1, std::memory_order_relaxed);
+  if (telemetry::CoreCounters* c = telemetry::core(device_)) c->submitted.fetch_add(1, std::memory_order_relaxed);
   const bool wake = engine_->idle_;
   engine_->release_finished(lk);
   if (wake) engine_->work_cv_.notify_one();
@@ -255,10 +274,12 @@ void Engine::release_finished(std::unique_lock<std::mutex>& lk) {
     lk.unlock();
     return;
   }
-  std::vector<std::unique_ptr<Kernel>> done;
+  // The vectors swapped keep their capacity (the engine appends to finished_ every op).
+  std::vector<std::unique_ptr<Kernel>> done = Recycled<std::vector<std::unique_ptr<Kernel>>, 4>::take();
   done.swap(finished_);
   lk.unlock();
-  done.clear();  // may free device memory (operands kept for another stream): no engine lock held
+  // (may free device memory (operands kept for another stream): no engine lock held)
+  Recycled<std::vector<std::unique_ptr<Kernel>>, 4>::give(std::move(done));
 }
 
 void Engine::ensure_started_locked() {
@@ -323,7 +344,7 @@ void Engine::loop() {
         std::this_thread::yield();
 #endif
       }
-      lk.lock();
+      lock_spinning(lk);
       q = pick_locked();
       if (!q) {
         if (stop_) return;
@@ -340,7 +361,7 @@ void Engine::loop() {
     pending_.fetch_sub(1, std::memory_order_acq_rel);
     // Both engines of a device (compute, collectives) count into its counters.
     telemetry::CoreCounters* counters = telemetry::core(device_);
-    if (counters) counters->queued.fetch_sub(1, std::memory_order_relaxed);
+    if (counters) counters->started.fetch_add(1, std::memory_order_relaxed);
     std::shared_ptr<const TaskError> poisoned = q->error_;
     lk.unlock();
 
@@ -398,7 +419,7 @@ void Engine::loop() {
                     task.kernel->correlation});
     task.event.reset();
 
-    lk.lock();
+    lock_spinning(lk);
     // Destroyed by the host (finished_); a synchronize() that returns has released them.
     if (task.kernel) finished_.push_back(std::move(task.kernel));
     if (new_error && !q->error_) q->error_ = std::move(new_error);

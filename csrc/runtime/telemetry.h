@@ -17,24 +17,29 @@
 namespace neuronx::rt::telemetry {
 
 constexpr uint64_t kMagic = 0x314d4c4554585254ULL;  // "TRXTELM1" little-endian
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;
 constexpr int kMaxCores = 64;
 constexpr int kCommandBytes = 224;
 
 // Counters of one device (a NeuronCore as this process sees it). Writers use
 // relaxed atomic stores/adds; readers may see counters from slightly
-// different instants, which a monitoring view tolerates.
+// different instants, which a monitoring view tolerates. The host thread and
+// the engine threads write every op: each writes its own cache line (one shared
+// line moved between the cores on every op). Queued tasks: submitted - started.
 struct CoreCounters {
-  std::atomic<int64_t> physical_core;   // -1: slot unused
+  // Written by host threads.
+  alignas(64) std::atomic<int64_t> physical_core;  // -1: slot unused
   std::atomic<uint64_t> capacity;       // bytes of HBM
   std::atomic<uint64_t> reserved;       // bytes held by the caching allocator
   std::atomic<uint64_t> allocated;      // bytes in tensors
   std::atomic<uint64_t> peak_allocated;
-  std::atomic<uint64_t> queued;         // tasks submitted and not yet started
+  std::atomic<uint64_t> submitted;      // tasks submitted
+  // Written by the engine threads (and by the host for kernels it runs inline).
+  alignas(64) std::atomic<uint64_t> started;  // tasks taken from the queues
   std::atomic<uint64_t> kernels;        // kernels completed
   std::atomic<uint64_t> busy_ns;        // time the engine spent running tasks
 };
-static_assert(sizeof(CoreCounters) == 64);
+static_assert(sizeof(CoreCounters) == 128);
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 
 struct Segment {
@@ -46,7 +51,7 @@ struct Segment {
   char command[kCommandBytes];
   CoreCounters cores[kMaxCores];
 };
-static_assert(sizeof(Segment) == 256 + 64 * kMaxCores);
+static_assert(sizeof(Segment) == 256 + sizeof(CoreCounters) * kMaxCores);
 
 // Creates this process's segment for `num_cores` devices (idempotent).
 // Failure (no /dev/shm, TORCH_NEURONX_TELEMETRY=0) disables publishing.

@@ -15,12 +15,12 @@ from typing import List, Optional
 SHM_DIR = "/dev/shm"
 PREFIX = "torch_neuronx."
 MAGIC = 0x314D4C4554585254
-VERSION = 1
+VERSION = 2
 MAX_CORES = 64
 _HEADER = struct.Struct("<QIIqq224s")
-_CORE = struct.Struct("<qQQQQQQQ")
+_CORE = struct.Struct("<qQQQQQ16xQQQ40x")  # host-written line, engine-written line
 SEGMENT_SIZE = _HEADER.size + MAX_CORES * _CORE.size
-assert _HEADER.size == 256 and _CORE.size == 64
+assert _HEADER.size == 256 and _CORE.size == 128
 
 
 @dataclasses.dataclass
@@ -72,7 +72,9 @@ def _read(path: str) -> Optional[ProcessSample]:
         f = _CORE.unpack_from(data, _HEADER.size + i * _CORE.size)
         if f[0] < 0:
             continue
-        cores.append(CoreSample(i, *f))
+        core, capacity, reserved, allocated, peak, submitted, started, kernels, busy_ns = f
+        cores.append(CoreSample(i, core, capacity, reserved, allocated, peak, max(0, submitted - started), kernels,
+                                busy_ns))
     return ProcessSample(pid, command.split(b"\0", 1)[0].decode(errors="replace"), start_ns,
                          time.monotonic(), cores)
 

@@ -232,6 +232,44 @@ TEST(CachingAllocator, SplitAndCoalesce) {
   a.free(big.handle);
 }
 
+// Splits and merges reuse their tree nodes and Block records: thousands of mixed-size
+// allocations and frees in a shuffled order must leave each segment one free block.
+TEST(CachingAllocator, RecycledRecordsKeepSplitAndCoalesceExact) {
+  CachingAllocator a(0, 256 * MiB);
+  std::vector<Alloc> live;
+  uint64_t seed = 12345;
+  auto next = [&] { return seed = seed * 6364136223846793005ULL + 1442695040888963407ULL; };
+  size_t requested = 0;
+  for (int i = 0; i < 20000; ++i) {
+    if (live.empty() || (live.size() < 300 && next() % 2 == 0)) {
+      const size_t n = 1 + (next() >> 33) % (i % 7 == 0 ? 3 * MiB : 64 * KiB);
+      live.push_back(get(a, n));
+      std::memset(live.back().ptr, i & 0xff, n < 64 ? n : 64);  // the memory is really ours
+      requested += n;
+    } else {
+      const size_t k = (next() >> 33) % live.size();
+      a.free(live[k].handle);
+      live[k] = live.back();
+      live.pop_back();
+    }
+  }
+  EXPECT_GT(requested, 100 * MiB);
+  for (const Alloc& x : live) a.free(x.handle);
+  const auto st = a.stats();
+  EXPECT_EQ(st.allocation[rt::kAggregate].current, 0);
+  EXPECT_EQ(st.active_bytes[rt::kAggregate].current, 0);
+  EXPECT_EQ(st.requested_bytes[rt::kAggregate].current, 0);
+  EXPECT_EQ(st.allocated_bytes[rt::kSmallPool].current + st.allocated_bytes[rt::kLargePool].current, 0);
+  EXPECT_EQ(st.inactive_split[rt::kAggregate].current, 0);
+  for (const auto& seg : a.snapshot()) {
+    ASSERT_EQ(seg.blocks.size(), 1u);
+    EXPECT_FALSE(seg.blocks[0].allocated);
+    EXPECT_EQ(seg.blocks[0].size, seg.total_size);
+  }
+  a.empty_cache();
+  EXPECT_EQ(a.stats().reserved_bytes[rt::kAggregate].current, 0);
+}
+
 TEST(CachingAllocator, EmptyCacheReleasesOnlyIdleSegments) {
   CachingAllocator a(0, 64 * MiB);
   Alloc s1 = get(a, 4096);           // small segment, stays live
