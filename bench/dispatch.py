@@ -2,9 +2,10 @@
 
 Each figure is microseconds per op including a final synchronize, the median of
 interleaved repetitions (CPU, neuron, CPU, neuron, ...) after warm-up; the ratio
-is neuron / CPU from the same run.
+is the median over repetitions of neuron / CPU measured back to back (a shared
+machine's speed drifts between repetitions; a pair sees the same speed).
 
-    python bench/dispatch.py [--ops 2000] [--reps 7]
+    python bench/dispatch.py [--ops 500] [--reps 41]
 """
 import argparse
 import statistics
@@ -36,8 +37,8 @@ def per_op_us(device, fn, n):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--ops", type=int, default=2000, help="ops per repetition")
-    p.add_argument("--reps", type=int, default=7, help="interleaved repetitions (median reported)")
+    p.add_argument("--ops", type=int, default=500, help="ops per repetition")
+    p.add_argument("--reps", type=int, default=41, help="interleaved repetitions (median reported)")
     args = p.parse_args()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; tiny (16-element) ops, "
           f"median of {args.reps} interleaved repetitions of {args.ops} ops")
@@ -50,7 +51,8 @@ def main():
             cpu.append(per_op_us("cpu", fn, args.ops))
             neu.append(per_op_us("neuron", fn, args.ops))
         c, n = statistics.median(cpu), statistics.median(neu)
-        print(f"{name:<12}{c:>12.2f}{n:>14.2f}{n / c:>8.2f}")
+        ratio = statistics.median(x / y for x, y in zip(neu, cpu))
+        print(f"{name:<12}{c:>12.2f}{n:>14.2f}{ratio:>8.2f}")
 
 
 if __name__ == "__main__":

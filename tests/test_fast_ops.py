@@ -106,3 +106,41 @@ def test_operands_keep_their_reference_counts():
         a.sum()
     torch.neuron.synchronize()
     assert (sys.getrefcount(a), sys.getrefcount(b)) == before
+
+
+def test_reused_cpu_aliases_keep_each_kernels_dtype_shape_and_flags():
+    """Queued kernels run on CPU views of the device buffers; the engine reuses the views of
+    finished kernels. A stream of ops that alternate dtypes, ranks, strides, 0-dim wrapped
+    scalars and 0-dim tensors must give CPU's values, and the views were reused. (Conjugate
+    and negative views reach kernels resolved by ATen's fallbacks; they are in the stream too.)"""
+    torch.manual_seed(0)
+    cpu = {
+        "f": torch.randn(64, 96),
+        "d": torch.randn(96, dtype=torch.float64),
+        "i": torch.randint(-50, 50, (3, 5, 7)),
+        "z": torch.randn(40, dtype=torch.complex64),
+        "s": torch.tensor(2.5),
+    }
+    dev = {k: v.to(DEV) for k, v in cpu.items()}
+
+    def steps(t):
+        out = []
+        for k in range(30):  # many kernels: finished ones' views are handed to later ones
+            out.append(t["f"].t() * (k + 1) + t["f"].t().relu())  # transposed (non-contiguous) operands
+            out.append(t["d"] + 1.5)  # a Python scalar: a 0-dim wrapped number operand
+            out.append((t["i"] * 3 - k).sum(dim=1))
+            out.append(t["z"].conj() * (1 + 2j))  # a conjugate view operand ...
+            out.append(t["z"] * (k - 2j))  # ... then plain ones of the same dtype
+            out.append(t["z"].conj().imag * 2)  # a negative view operand (imag of a conjugate) ...
+            out.append(t["f"][k] * 2)  # ... then plain ones of the same dtype
+            out.append(t["s"] * t["f"][k])  # a 0-dim tensor operand
+        return out
+
+    torch_neuronx.reset_metrics()
+    got = [x.cpu() for x in steps(dev)]
+    aliases = torch_neuronx.metrics()["aliases"]
+    want = steps(cpu)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
+    assert aliases["reused"] > 200 and aliases["reused"] > aliases["made"], aliases

@@ -49,10 +49,13 @@ _distributed._register()
 def metrics():
     """Per-op dispatch counts on neuron, by execution path, and host synchronization points.
 
-    Returns a dict ``{"ops": {op: {"async"|"sync"|"view"|"native": count}}, "syncs": {reason: count}}``.
+    Returns a dict ``{"ops": {op: {"async"|"sync"|"view"|"native": count}}, "syncs": {reason: count},
+    "aliases": {"made"|"reused": count}}``.
     ``async`` ops were enqueued and returned at once; ``sync`` ops drained the stream first
     (no meta kernel, or an output shape that depends on data); ``view`` ops touched metadata
     only; ``native`` ops have a neuron kernel of their own (copies, allocation, ``item``).
+    ``aliases`` counts the CPU views of device buffers that queued kernels ran on: made new, or
+    reused from a kernel that finished (the engine keeps a few).
     Once ``torch.compile`` has used the ``neuron`` backend, ``"compile"`` holds the compile tier's
     counters (see :func:`torch_neuronx.compile.compile_metrics`).
     """

@@ -15,6 +15,11 @@ std::unordered_map<std::string, std::unique_ptr<OpCounters>>& table() {
 }
 std::array<std::atomic<uint64_t>, static_cast<size_t>(SyncReason::kNumReasons)> g_syncs{};
 const char* kSyncNames[] = {"copy_to_host", "item", "data_dependent", "blocking_copy"};
+// Written by engine threads every op: a line of its own.
+struct alignas(64) AliasCounts {
+  std::atomic<uint64_t> made{0}, reused{0};
+};
+AliasCounts g_aliases;
 }  // namespace
 
 OpCounters& op_counters(const std::string& name) {
@@ -25,6 +30,8 @@ OpCounters& op_counters(const std::string& name) {
 }
 
 void count_sync(SyncReason r) { g_syncs[static_cast<size_t>(r)].fetch_add(1, std::memory_order_relaxed); }
+
+void count_alias(bool reused) { (reused ? g_aliases.reused : g_aliases.made).fetch_add(1, std::memory_order_relaxed); }
 
 MetricsSnapshot metrics_snapshot() {
   MetricsSnapshot s;
@@ -40,6 +47,8 @@ MetricsSnapshot metrics_snapshot() {
     }
   }
   for (size_t i = 0; i < g_syncs.size(); ++i) s.syncs[kSyncNames[i]] = g_syncs[i].load();
+  s.aliases["made"] = g_aliases.made.load();
+  s.aliases["reused"] = g_aliases.reused.load();
   return s;
 }
 
@@ -47,6 +56,8 @@ void reset_metrics() {
   std::lock_guard<std::mutex> g(g_mu);
   for (auto& [name, c] : table()) c->async = c->sync = c->view = c->native = 0;
   for (auto& v : g_syncs) v = 0;
+  g_aliases.made = 0;
+  g_aliases.reused = 0;
 }
 
 }  // namespace neuronx

@@ -21,9 +21,14 @@ OpCounters& op_counters(const std::string& name);
 enum class SyncReason { kCopyToHost, kItem, kDataDependent, kBlockingCopy, kNumReasons };
 void count_sync(SyncReason r);
 
+// CPU aliases of device buffers made for kernels that ran on an engine thread: new, or reused
+// from a finished kernel (tensor_views.cpp).
+void count_alias(bool reused);
+
 struct MetricsSnapshot {
   std::map<std::string, std::map<std::string, uint64_t>> ops;
   std::map<std::string, uint64_t> syncs;
+  std::map<std::string, uint64_t> aliases;  // "made", "reused"
 };
 MetricsSnapshot metrics_snapshot();
 void reset_metrics();

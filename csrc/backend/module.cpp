@@ -162,6 +162,7 @@ PYBIND11_MODULE(_C, m) {
     py::dict d;
     d["ops"] = s.ops;
     d["syncs"] = s.syncs;
+    d["aliases"] = s.aliases;
     return d;
   });
   m.def("_reset_metrics", &reset_metrics);

@@ -20,6 +20,7 @@ void OpKernel::run() {
     ~Release() {
       k->args_.clear();
       k->outs_.clear();
+      recycle_aliases(k->made_);  // (the op may have dropped them already: inputs of a functional op)
     }
   } release{this};
   try {
@@ -34,6 +35,7 @@ void OpKernel::materialize() {
   AliasSet aliases;
   for (Deferred& d : deferred_) {
     at::Tensor alias = aliases.cpu(d.snapshot);
+    made_.emplace_back(alias);
     c10::IValue& slot = d.arg >= 0 ? args_[d.arg] : outs_[-1 - d.arg];
     if (d.pos < 0) slot = std::move(alias);
     else slot.toList().set(d.pos, c10::IValue(std::move(alias)));

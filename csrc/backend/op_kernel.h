@@ -78,10 +78,15 @@ class OpKernel final : public rt::Kernel {
     kFunctionalCopy,  // run the functional op, copy results into the new outputs
   };
   OpKernel(const OpAnalysis* a, Mode m)
-      : op_(a), mode_(m), args_(rt::Recycled<c10::Stack>::take()), outs_(rt::Recycled<c10::Stack>::take()) {}
+      : op_(a),
+        mode_(m),
+        args_(rt::Recycled<c10::Stack>::take()),
+        outs_(rt::Recycled<c10::Stack>::take()),
+        made_(rt::Recycled<c10::Stack>::take()) {}
   ~OpKernel() override {
     rt::Recycled<c10::Stack>::give(std::move(args_));
     rt::Recycled<c10::Stack>::give(std::move(outs_));
+    rt::Recycled<c10::Stack>::give(std::move(made_));
   }
   void run() override;      // on the queue: errors become plain messages (no C++ backtrace)
   void execute();           // the kernel itself; also run inline to validate a first call
@@ -122,6 +127,7 @@ class OpKernel final : public rt::Kernel {
   Mode mode_;
   c10::Stack args_;
   std::vector<c10::IValue> outs_;
+  c10::Stack made_;  // the CPU aliases materialize() made, recycled once the kernel ran
   std::shared_ptr<const MetaResult> geometry_;
   bool validating_ = false;
 };

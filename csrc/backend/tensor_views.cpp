@@ -7,6 +7,8 @@
 #include <cstring>
 
 #include "backend/allocator.h"
+#include "backend/metrics.h"
+#include "runtime/recycled.h"
 
 namespace neuronx {
 
@@ -27,6 +29,10 @@ struct FixedBufferAllocator final : c10::Allocator {
 };
 
 FixedBufferAllocator fixed_buffer_allocator;
+
+// CPU aliases whose kernel ran, kept by the engine thread that made them: the next kernel's
+// operands reuse their TensorImpl and StorageImpl (two allocations and their set-up per operand).
+using AliasPool = rt::ThreadStash<at::Tensor, 64>;
 
 void apply_flags(c10::TensorImpl* impl, const Geometry& g) {
   if (g.conj) impl->_set_conj(true);
@@ -97,18 +103,57 @@ at::Tensor AliasSet::cpu(const TensorSnapshot& s) {
         alias->storage_offset() == g.offset)
       return *alias;
   const c10::Storage* storage = cpu_.find(s.storage);
+  at::Tensor reused = AliasPool::take();  // an alias a finished kernel left (recycle_aliases)
   if (!storage) {
     // Not owning: the snapshot's `keep`, or stream order, keeps the memory until the kernel ran.
-    c10::Storage fresh(c10::Storage::use_byte_size_t(), s.nbytes, c10::DataPtr(s.base, c10::Device(c10::kCPU)),
-                       &fixed_buffer_allocator, true);
-    storage = &cpu_.put(s.storage, std::move(fresh));
+    c10::DataPtr data(s.base, c10::Device(c10::kCPU));
+    if (reused.defined()) {
+      c10::StorageImpl* st = reused.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
+      st->set_data_ptr_noswap(std::move(data));
+      st->set_nbytes(s.nbytes);
+      storage = &cpu_.put(s.storage, reused.storage());
+    } else {
+      c10::Storage fresh(c10::Storage::use_byte_size_t(), s.nbytes, std::move(data), &fixed_buffer_allocator, true);
+      storage = &cpu_.put(s.storage, std::move(fresh));
+    }
   }
-  auto impl = c10::make_intrusive<c10::TensorImpl>(c10::Storage(*storage), c10::DispatchKeySet(c10::DispatchKey::CPU),
-                                                   c10::scalarTypeToTypeMeta(g.dtype));
+  const caffe2::TypeMeta dtype = c10::scalarTypeToTypeMeta(g.dtype);
+  count_alias(reused.defined());
+  at::Tensor alias;
+  if (reused.defined()) {
+    c10::TensorImpl* impl = reused.unsafeGetTensorImpl();
+    impl->set_storage_and_dtype(*storage, dtype);
+    if (impl->is_wrapped_number()) impl->set_wrapped_number(false);
+    impl->_set_conj(false);
+    impl->_set_neg(false);
+    alias = std::move(reused);
+  } else {
+    alias = at::Tensor(c10::make_intrusive<c10::TensorImpl>(
+        c10::Storage(*storage), c10::DispatchKeySet(c10::DispatchKey::CPU), dtype));
+  }
+  c10::TensorImpl* impl = alias.unsafeGetTensorImpl();
   impl->set_sizes_and_strides(g.sizes, g.strides, g.offset);
   if (s.wrapped) impl->set_wrapped_number(true);
-  apply_flags(impl.get(), g);
-  return cpu_impls_.put(s.impl, at::Tensor(std::move(impl)));
+  apply_flags(impl, g);
+  return cpu_impls_.put(s.impl, std::move(alias));
+}
+
+void recycle_aliases(c10::Stack& stack) {
+  for (c10::IValue& v : stack) {
+    if (!v.isTensor()) continue;
+    const at::Tensor& t = v.toTensor();
+    const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+    // Only our aliases, referenced from here alone, whose storage is theirs alone.
+    if (!t.defined() || t.use_count() != 1 || t.weak_use_count() != 1 || impl->device_type() != c10::kCPU ||
+        impl->autograd_meta() || impl->has_symbolic_sizes_strides() || !impl->has_storage())
+      continue;
+    const c10::Storage& st = impl->storage();
+    if (st.use_count() != 1 || st.allocator() != &fixed_buffer_allocator || !st.resizable() ||
+        st.data_ptr().get_context() != nullptr)
+      continue;
+    AliasPool::keep(std::move(v).toTensor());
+  }
+  stack.clear();
 }
 
 at::Tensor AliasSet::meta(const at::Tensor& t) {

@@ -72,6 +72,10 @@ class DeviceBufferNotResizable : public c10::Error {
   using c10::Error::Error;
 };
 
+// Clears a finished kernel's stack, keeping the CPU aliases (made by AliasSet::cpu(snapshot) on
+// this thread) that nothing else references, for that function to reuse.
+void recycle_aliases(c10::Stack& stack);
+
 // A CPU alias of a single tensor (AliasSet(stream).cpu(t)).
 at::Tensor cpu_alias(const at::Tensor& t, bool resizable = false, const rt::Queue* stream = nullptr);
 

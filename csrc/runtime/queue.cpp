@@ -105,7 +105,8 @@ Queue::Queue(Engine* engine, int device, uint64_t id, int priority)
 uint64_t Queue::submit(Task&& t) {
   // The bound is a throttle, read without the lock (one lock per submit, not two): completed_ only
   // grows, and concurrent submitters can pass it by no more than their number.
-  if (submitted_.load(std::memory_order_relaxed) - completed_.load(std::memory_order_acquire) >= kMaxPending) {
+  if (submitted_.load(std::memory_order_relaxed) - completed_seen_.load(std::memory_order_relaxed) >= kMaxPending &&
+      submitted_.load(std::memory_order_relaxed) - refresh_completed_seen() >= kMaxPending) {
     BlockingScope blocking;  // the engine may need what the caller holds (GIL)
     std::unique_lock<std::mutex> wait_lk(engine_->mu_);
     engine_->sync_waiters_++;
@@ -124,6 +125,12 @@ uint64_t Queue::submit(Task&& t) {
   engine_->release_finished(lk);
   if (wake) engine_->work_cv_.notify_one();
   return seq;
+}
+
+uint64_t Queue::refresh_completed_seen() {
+  const uint64_t c = completed_.load(std::memory_order_acquire);
+  completed_seen_.store(c, std::memory_order_relaxed);
+  return c;
 }
 
 void Queue::launch(std::unique_ptr<Kernel> k) {

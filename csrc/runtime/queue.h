@@ -136,7 +136,12 @@ class Queue {
   // Written under engine_->mu_; atomic so that the allocator can read a queue's position
   // (submitted_seq/completed_seq) without the engine's lock.
   std::atomic<uint64_t> submitted_{0};
-  std::atomic<uint64_t> completed_{0};
+  uint64_t refresh_completed_seen();
+  // The last completed_ a submitter read: the backpressure bound is checked against it, and
+  // completed_ (a line the engine writes every task) is read only when it may have been reached.
+  std::atomic<uint64_t> completed_seen_{0};
+  // Written by the engine after every task: its own cache line, apart from what hosts write.
+  alignas(64) std::atomic<uint64_t> completed_{0};
   uint64_t last_served_ = 0;     // guarded by engine_->mu_
   bool running_ = false;         // guarded by engine_->mu_
   std::shared_ptr<const TaskError> error_;  // guarded by engine_->mu_
