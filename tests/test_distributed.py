@@ -3,6 +3,7 @@ training stack (DDP, FSDP2, tensor and pipeline parallel, ZeRO, DTensor, distrib
 checkpoint) on neuron against the same job on CPU, rank by rank; failures (a dead peer, a
 mismatched collective); torchrun launch; two ranks in two network namespaces."""
 import json
+import re
 import os
 import shutil
 import socket
@@ -128,8 +129,9 @@ def test_ddp_matches_cpu(tmp_path):
         assert all(v["steps"] == 10 and v["grads"] == 10 * 6 for v in r.values())
         # DDP's runtime statistics are collected on neuron (device time from our timer)
         assert len(timers) == 2 and all(t[k] and t[k] > 0 for t in timers.values() for k in t), timers
-    for _, out in outs:  # and DDP has nothing to warn about for this device
+    for r, (_, out) in enumerate(outs):  # and DDP has nothing to warn about for this device
         assert "Time stats are currently only collected" not in out, out[-2000:]
+        assert re.fullmatch(rf"rank {r}: ddp ok \(peer access (True|False)\)", out.strip()), out[-3000:]  # nothing else
 
 
 def test_fsdp2_matches_cpu(tmp_path):

@@ -51,3 +51,41 @@ def test_an_unchecked_torch_version_warns_and_changes_nothing(monkeypatch):
         compat.apply()
     assert compat.applied() == []
     assert any("not a version its PyTorch adjustments were checked against" in str(x.message) for x in w)
+
+
+def test_training_utilities_have_nothing_device_specific_to_warn_about(tmp_path):
+    """What a CUDA training script calls, on neuron: pinned DataLoader batches copied without
+    blocking, autocast, activation checkpointing, GradScaler, gradient clipping, the default
+    optimizer, SDPA, a device generator, a weights-only checkpoint round trip. PyTorch warns or
+    takes a slower path where a device is not supported; none of that may show here."""
+    from torch.utils.checkpoint import checkpoint
+    from torch.utils.data import DataLoader, TensorDataset
+
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4)).to(DEV)
+    opt = torch.optim.AdamW(m.parameters())
+    scaler = torch.amp.GradScaler("neuron")
+    data = DataLoader(TensorDataset(torch.randn(64, 16), torch.randn(64, 4)), batch_size=16, pin_memory=True)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        for x, y in data:
+            assert x.is_pinned() and y.is_pinned()  # pinned by the DataLoader for this device
+            x, y = x.to(DEV, non_blocking=True).requires_grad_(), y.to(DEV, non_blocking=True)
+            with torch.autocast("neuron", dtype=torch.bfloat16):
+                out = checkpoint(m, x, use_reentrant=False)
+            loss = F.mse_loss(out.float(), y)
+            scaler.scale(loss).backward()
+            scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+        q = torch.randn(2, 4, 32, 16, device=DEV)
+        F.scaled_dot_product_attention(q, q, q, is_causal=True)
+        g = torch.Generator(device=DEV).manual_seed(1)
+        torch.randn(3, device=DEV, generator=g)
+        torch.save(m.state_dict(), tmp_path / "m.pt")
+        state = torch.load(tmp_path / "m.pt", weights_only=True)
+    assert all(v.device.type == "neuron" for v in state.values())
+    assert torch.isfinite(loss).item()
+    assert [str(x.message) for x in w] == []

@@ -454,8 +454,10 @@ def ddp(out):
         for device in ("cpu", "neuron"):
             d = torch.device("cpu") if device == "cpu" else dev()
             model = (WithUnused() if find_unused else _mlp()).to(d)
-            # a tiny bucket cap: several buckets, each its own allreduce
-            ddp_model = DDP(model, bucket_cap_mb=0.001, find_unused_parameters=find_unused)
+            # a tiny bucket cap: several buckets, each its own allreduce; on neuron also the way
+            # CUDA scripts call it (device_ids, gradients as views of the buckets)
+            extra = dict(device_ids=[d.index], gradient_as_bucket_view=True) if device == "neuron" and find_unused else {}
+            ddp_model = DDP(model, bucket_cap_mb=0.001, find_unused_parameters=find_unused, **extra)
             opt = torch.optim.SGD(ddp_model.parameters(), lr=0.05, momentum=0.9)
             losses, grads = [], []
             for step in range(STEPS):
