@@ -543,7 +543,8 @@ void launch(OpAnalysis& a, c10::ArrayRef<c10::IValue> args, const std::shared_pt
         });
   }
   thread_local std::string dtype_key;
-  bool validated = mr->dtypes_validated.load(std::memory_order_relaxed);
+  const bool known = mr->dtypes_validated.load(std::memory_order_relaxed);
+  bool validated = known;
   if (!validated) {
     MetaCache::make_dtype_key(args, dtype_key);
     // Channels_last operands, and ops seen choosing another layout than
@@ -553,7 +554,7 @@ void launch(OpAnalysis& a, c10::ArrayRef<c10::IValue> args, const std::shared_pt
                 !a.layout_varies.load(std::memory_order_relaxed);
   }
   if (validated) {
-    mr->dtypes_validated.store(true, std::memory_order_relaxed);
+    if (!known) mr->dtypes_validated.store(true, std::memory_order_relaxed);  // (no store per op: the engine reads this line)
     translate([&] { q.launch(std::move(k)); });
     a.counters->async.fetch_add(1, std::memory_order_relaxed);
   } else {

@@ -15,7 +15,9 @@
 
 namespace neuronx {
 
-struct MetaResult {
+// Shared by the host (which copies the shared_ptr per op) and the engine (which reads the
+// geometry): aligned so that make_shared puts the fields on lines apart from the reference counts.
+struct alignas(64) MetaResult {
   // Per return: nullopt = not a tensor (None); else the tensors (one unless a list).
   std::vector<std::optional<std::vector<Geometry>>> returns;
   std::vector<bool> return_is_list;
