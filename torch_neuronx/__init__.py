@@ -6,6 +6,7 @@ torch`` registers the device through the ``torch.backends`` entry point; this
 package never needs to be imported by user code.
 """
 import atexit as _atexit
+import os as _os
 
 
 def _autoload():
@@ -19,7 +20,7 @@ import torch  # noqa: E402
 
 from . import _C  # noqa: E402
 
-__all__ = ["metrics", "reset_metrics"]
+__all__ = ["metrics", "reset_metrics", "set_execution_mode", "get_execution_mode"]
 __version__ = "0.1.0"
 
 
@@ -46,6 +47,23 @@ from . import distributed as _distributed  # noqa: E402
 _distributed._register()
 
 
+def set_execution_mode(mode):
+    """Choose how ``neuron`` runs eager code: ``"eager"`` (each op its own kernel) or ``"adaptive"``.
+
+    In ``"adaptive"`` mode the device fuses runs of queued pointwise ops into one generated
+    kernel when it takes them from the queue, with results bitwise equal to eager's (float32).
+    The first sight of a group runs its kernels one by one while the fused kernel builds in the
+    background. The mode is per process and takes effect for work the device takes from now on;
+    ``TORCH_NEURONX_EXECUTION_MODE`` sets it at import. See docs/adaptive_eager.md.
+    """
+    _C._compiler._set_execution_mode(str(mode))
+
+
+def get_execution_mode():
+    """The current execution mode: ``"eager"`` or ``"adaptive"`` (see :func:`set_execution_mode`)."""
+    return _C._compiler._execution_mode()
+
+
 def metrics():
     """Per-op dispatch counts on neuron, by execution path, and host synchronization points.
 
@@ -56,10 +74,14 @@ def metrics():
     only; ``native`` ops have a neuron kernel of their own (copies, allocation, ``item``).
     ``aliases`` counts the CPU views of device buffers that queued kernels ran on: made new, or
     reused from a kernel that finished (the engine keeps a few).
+    ``adaptive`` counts adaptive eager's work (:func:`set_execution_mode`): groups run fused and
+    run kernel by kernel (first sight, kernel still building), ops fused, kernel variants, kernels
+    built and found in the cache, and ``ended``: why groups ended (or did not start), by reason.
     Once ``torch.compile`` has used the ``neuron`` backend, ``"compile"`` holds the compile tier's
     counters (see :func:`torch_neuronx.compile.compile_metrics`).
     """
     out = _C._metrics()
+    out["adaptive"] = _C._compiler._adaptive_metrics()
     import sys
 
     if "torch_neuronx.compile" in sys.modules:  # loaded with the Dynamo backend, on first use
@@ -70,6 +92,7 @@ def metrics():
 def reset_metrics():
     """Zero all counters reported by :func:`metrics`."""
     _C._reset_metrics()
+    _C._compiler._adaptive_reset_metrics()
 
 
 def _shutdown():
@@ -105,3 +128,6 @@ def _quiesce_autograd_device_threads():
 
 
 _atexit.register(_shutdown)
+
+if _os.environ.get("TORCH_NEURONX_EXECUTION_MODE"):
+    set_execution_mode(_os.environ["TORCH_NEURONX_EXECUTION_MODE"])

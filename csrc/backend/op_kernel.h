@@ -113,14 +113,17 @@ class OpKernel final : public rt::Kernel {
     d.arg = arg;
     d.pos = pos;
   }
-
- private:
-  void materialize();
-  void restore_restrided_outputs();
   struct Deferred {
     TensorSnapshot snapshot;
     int arg = 0, pos = -1;
   };
+  // The neuron operands not yet materialized (all of them while the kernel is queued): what the
+  // adaptive-eager tier reads to fuse queued kernels without running them.
+  c10::ArrayRef<Deferred> deferred() const { return deferred_; }
+
+ private:
+  void materialize();
+  void restore_restrided_outputs();
   c10::SmallVector<Deferred, 3> deferred_;
   std::vector<c10::Storage> keep_;  // storages of operands the stream order does not cover
   const OpAnalysis* op_;

@@ -175,11 +175,12 @@ void emit_pointers(std::ostringstream& os, const FusionGroup& group) {
   const char* ct = compute_type(group.dtype);
   const char* storage = group.dtype == c10::ScalarType::BFloat16 ? "uint16_t" : ct;
   os << "  using Vec = at::vec::Vectorized<" << ct << ">;\n";
+  const char* restrict = group.may_alias ? " " : " __restrict__ ";
   for (size_t i = 0; i < group.tensor_inputs.size(); ++i)
-    os << "  const " << storage << "* __restrict__ in" << i << " = reinterpret_cast<const " << storage << "*>(ptrs[" << i
+    os << "  const " << storage << "*" << restrict << "in" << i << " = reinterpret_cast<const " << storage << "*>(ptrs[" << i
        << "]);\n";
   for (size_t i = 0; i < group.outputs.size(); ++i)
-    os << "  " << storage << "* __restrict__ out" << i << " = reinterpret_cast<" << storage << "*>(ptrs["
+    os << "  " << storage << "*" << restrict << "out" << i << " = reinterpret_cast<" << storage << "*>(ptrs["
        << group.tensor_inputs.size() + i << "]);\n";
   for (size_t i = 0; i < group.scalar_inputs.size(); ++i)
     os << "  const " << ct << " sc" << i << " = static_cast<" << ct << ">(scalars[" << i << "]);\n";
@@ -530,7 +531,13 @@ std::string generate_kernel(const Graph& g, const FusionGroup& group, const std:
   emit_pointers(os, group);
   os << "  int64_t i = begin;\n";
   if (group.dtype != c10::ScalarType::BFloat16) {  // ATen's vectorized math (Sleef), as eager's kernels use
-    os << "  for (; i + Vec::size() <= end; i += Vec::size()) {\n";
+    // Eager's split (group.eager_split): ATen's vectorized loop steps two vectors at a time and
+    // leaves the rest of each thread's range to the scalar form.
+    if (group.eager_split)
+      os << "  const int64_t vend = begin + (end - begin) / (2 * Vec::size()) * (2 * Vec::size());\n"
+         << "  for (; i < vend; i += Vec::size()) {\n";
+    else
+      os << "  for (; i + Vec::size() <= end; i += Vec::size()) {\n";
     emit_body(os, g, group, b, true, "");
     os << "  }\n";
   }

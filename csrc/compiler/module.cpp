@@ -9,6 +9,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "backend/bindings.h"
+#include "compiler/adaptive_eager.h"
 #include "compiler/pipeline.h"
 
 namespace py = pybind11;
@@ -191,6 +192,7 @@ void bind(py::module& parent) {
       d["reshape_view"] = i.reshape_view;
       d["not_lowered"] = not_lowered[static_cast<int>(i.not_lowered)];
       d["keep_whole"] = i.keep_whole;
+      d["eager_exact"] = i.eager_exact;
       d["scalar"] = static_cast<bool>(i.scalar);
       out.append(d);
     }
@@ -212,6 +214,26 @@ void bind(py::module& parent) {
              return r;
            });
   m.def("_compile_counters", &compile_counter_names);
+  m.def("_set_execution_mode", [](const std::string& mode) {
+    TORCH_CHECK(mode == "eager" || mode == "adaptive", "torch_neuronx.set_execution_mode: unknown mode '", mode,
+                "'; the modes are 'eager' and 'adaptive'");
+    adaptive::set_mode(mode == "adaptive" ? adaptive::Mode::kAdaptive : adaptive::Mode::kEager);
+  });
+  m.def("_execution_mode", [] { return adaptive::mode() == adaptive::Mode::kAdaptive ? "adaptive" : "eager"; });
+  m.def("_adaptive_metrics", [] {
+    const adaptive::Metrics a = adaptive::metrics();
+    py::dict d;
+#define NEURONX_EXPORT(f) d[#f] = a.f;
+    NEURONX_ADAPTIVE_COUNTERS(NEURONX_EXPORT)
+#undef NEURONX_EXPORT
+    d["ended"] = a.ended;
+    return d;
+  });
+  m.def("_adaptive_reset_metrics", &adaptive::reset_metrics);
+  m.def("_adaptive_wait_for_builds", [](double timeout_s) {
+    py::gil_scoped_release nogil;
+    return adaptive::wait_for_builds(timeout_s);
+  });
   m.def("compile", [](const py::dict& desc, const std::string& debug_dir) {
     Graph g = to_graph(desc);
     CompileStats stats;

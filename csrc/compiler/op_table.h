@@ -68,11 +68,19 @@ struct OpInfo {
   NotLowered not_lowered = NotLowered::kCpuKernel;
   bool keep_whole = false;     // the decompositions leave it whole
   ScalarFn scalar;             // scalar ops
+  // Its lowering rounds exactly as ATen's eager CPU kernel does, element for element, whatever
+  // the vector/scalar split (correctly rounded IEEE operations): the adaptive-eager tier fuses
+  // only these, so that fused results are bitwise eager's (tests/test_adaptive.py checks each).
+  bool eager_exact = false;
+  int exact_if_one = -1;       // ...when this operand (add/sub's alpha) is 1
   bool pointwise() const { return operands > 0 || id == OpId::kGelu; }
 };
 
 // The op a node target names (OpId::kOther when the table does not list it).
 OpId op_id(std::string_view target);
+// The op whose in-place form `target` is ("aten::add_.Tensor" -> kAdd, "aten::relu_" -> kRelu;
+// ATen's naming rule), or kOther.
+OpId inplace_op_id(std::string_view target);
 const OpInfo& op_info(OpId id);
 // Every entry, in OpId order (exported to Python).
 const std::vector<OpInfo>& op_table();

@@ -42,6 +42,12 @@ struct FusionGroup {
   std::vector<int> outputs;        // value ids the group writes (used after it)
   c10::ScalarType dtype = c10::ScalarType::Float;
   int reduction = -1;              // a row group: its reduction node
+  // Inputs and outputs may share memory at the same element (adaptive eager: an in-place op, or
+  // a block reused within the group): no __restrict__ on the pointers.
+  bool may_alias = false;
+  // Elements computed in vector and in scalar form exactly where eager's kernels do (a flat
+  // group run over ATen's parallel ranges): ops whose two forms differ then match eager bitwise.
+  bool eager_split = false;
 };
 // Pointwise chains and row groups; sets Node::fused_group.
 std::vector<FusionGroup> fuse_pointwise(Graph& g);

@@ -15,6 +15,7 @@ std::atomic<TaskObserver> g_observer{nullptr};
 std::atomic<LaunchTagFn> g_launch_tag{nullptr};
 std::atomic<OriginCaptureFn> g_origin_capture{nullptr};
 std::atomic<OriginResolveFn> g_origin_resolve{nullptr};
+std::atomic<Grouper*> g_grouper{nullptr};
 
 std::mutex& engines_mu() {
   static auto* m = new std::mutex;
@@ -36,6 +37,8 @@ std::string resolve_origin(uint64_t token) {
   OriginResolveFn f = g_origin_resolve.load(std::memory_order_relaxed);
   return token && f ? f(token) : std::string();
 }
+
+void set_grouper(Grouper* g) { g_grouper.store(g); }
 
 void set_task_observer(TaskObserver fn, LaunchTagFn tag) {
   g_launch_tag.store(tag);
@@ -332,6 +335,39 @@ Queue* Engine::pick_locked() {
   return best;
 }
 
+size_t Engine::offer_group(std::unique_lock<std::mutex>& lk, Queue* q, Task& task) {
+  Grouper* grouper = g_grouper.load(std::memory_order_relaxed);
+  if (!grouper || q->tasks_.empty() || q->tasks_.front().kind != Task::Kind::kKernel ||
+      !grouper->candidate(*task.kernel)) {
+    lk.unlock();
+    return 0;
+  }
+  // Pointers to the queued kernels stay valid without the lock: only this thread pops tasks.
+  thread_local std::vector<const Kernel*> next;
+  next.clear();
+  for (const Task& t : q->tasks_) {
+    if (t.kind != Task::Kind::kKernel || next.size() + 1 >= kMaxGroup) break;
+    next.push_back(t.kernel.get());
+  }
+  lk.unlock();
+  const size_t k = std::min(grouper->plan(*task.kernel, next.data(), next.size()), next.size());
+  if (k == 0) return 0;
+  std::vector<std::unique_ptr<Kernel>> members;
+  members.reserve(k + 1);
+  members.push_back(std::move(task.kernel));
+  lock_spinning(lk);
+  for (size_t i = 0; i < k; ++i) {
+    Task& t = q->tasks_.front();
+    members.push_back(std::move(t.kernel));
+    task.seq = t.seq;
+    q->tasks_.pop_front();
+  }
+  pending_.fetch_sub(k, std::memory_order_acq_rel);
+  lk.unlock();
+  task.kernel = grouper->make(std::move(members));
+  return k;
+}
+
 void Engine::loop() {
   t_engine_thread = true;
   std::unique_lock<std::mutex> lk(mu_);
@@ -370,7 +406,12 @@ void Engine::loop() {
     telemetry::CoreCounters* counters = telemetry::core(device_);
     if (counters) counters->started.fetch_add(1, std::memory_order_relaxed);
     std::shared_ptr<const TaskError> poisoned = q->error_;
-    lk.unlock();
+    size_t grouped = 0;
+    if (task.kind == Task::Kind::kKernel && !poisoned && g_grouper.load(std::memory_order_relaxed))
+      grouped = offer_group(lk, q, task);
+    else
+      lk.unlock();
+    if (grouped && counters) counters->started.fetch_add(grouped, std::memory_order_relaxed);
 
     const int64_t start = now_ns();
     bool failed = false, skipped = false;
@@ -417,7 +458,7 @@ void Engine::loop() {
     const int64_t end = now_ns();
     if (counters) {
       counters->busy_ns.fetch_add(static_cast<uint64_t>(end - start), std::memory_order_relaxed);
-      if (task.kind == Task::Kind::kKernel) counters->kernels.fetch_add(1, std::memory_order_relaxed);
+      if (task.kind == Task::Kind::kKernel) counters->kernels.fetch_add(1 + grouped, std::memory_order_relaxed);
     }
     t_running = {};
     if (TaskObserver obs = g_observer.load(std::memory_order_relaxed);

@@ -86,6 +86,25 @@ class BlockingScope {
   void* token_ = nullptr;
 };
 
+// The adaptive-eager tier (the layer above) groups consecutive kernels of one queue into one:
+// when the engine takes a kernel it may offer it, with the kernels queued right behind it, to the
+// grouper. Only kernels are offered (a record, wait or any later task ends the run), and only on a
+// queue that has no pending error.
+class Grouper {
+ public:
+  virtual ~Grouper() = default;
+  // Cheap first test, under the engine's lock: whether `head` could start a group.
+  virtual bool candidate(const Kernel& head) = 0;
+  // How many of the n kernels queued behind `head` (in order) join it: 0 for none. Called on the
+  // engine's thread without its lock; the kernels stay queued (and alive) meanwhile.
+  virtual size_t plan(const Kernel& head, const Kernel* const* next, size_t n) = 0;
+  // The kernel that runs `members` (head first; the 1 + plan() kernels planned) as one. It owns
+  // them: they are destroyed with it, by the host, like any finished kernel.
+  virtual std::unique_ptr<Kernel> make(std::vector<std::unique_ptr<Kernel>> members) = 0;
+};
+// nullptr: no grouping (plain eager). The grouper must outlive every engine.
+void set_grouper(Grouper* g);
+
 class Queue {
  public:
   // Backpressure, like a hardware queue's depth: a host that runs this far
@@ -153,6 +172,8 @@ class Engine {
   // host usually submits the next op within microseconds, and a futex
   // wake-up costs more than that).
   static constexpr int64_t kDefaultSpinNs = 20000;
+  // The most kernels a grouper is offered at once (head and followers).
+  static constexpr size_t kMaxGroup = 64;
   Engine(int device, std::string name, int64_t spin_ns = kDefaultSpinNs);
   ~Engine();
   void attach(Queue* q);
@@ -166,6 +187,10 @@ class Engine {
   void ensure_started_locked();
   // Destroys the kernels the worker finished (under `lk`, which it releases): see finished_.
   void release_finished(std::unique_lock<std::mutex>& lk);
+  // Offers the kernel just taken from q (with lk held) and its followers to the grouper; returns
+  // with lk released. Fuses in place (task.kernel becomes the group) and returns the number of
+  // followers taken, whose last sequence number becomes task.seq.
+  size_t offer_group(std::unique_lock<std::mutex>& lk, Queue* q, Task& task);
 
   const int device_;
   const std::string name_;

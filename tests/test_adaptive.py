@@ -1,0 +1,281 @@
+"""Adaptive eager: queued pointwise ops fused by the device at run time, with eager's exact results.
+
+Groups form from what is queued when the engine takes a kernel; the tests queue a whole run
+behind a device-side sleep (``_C._sleep``) so that the engine sees all of it at once.
+"""
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_neuronx
+from torch_neuronx import _C
+from helpers import clean_env
+
+DEV = "neuron"
+
+
+@pytest.fixture
+def adaptive():
+    before = torch_neuronx.get_execution_mode()
+    torch_neuronx.set_execution_mode("adaptive")
+    torch_neuronx.reset_metrics()
+    yield
+    torch.neuron.synchronize()
+    torch_neuronx.set_execution_mode(before)
+
+
+def counts():
+    return torch_neuronx.metrics()["adaptive"]
+
+
+def run_queued(fn, *args):
+    """fn(*args) queued behind a device sleep (so the engine sees the run at once); the result on CPU."""
+    _C._sleep(20)
+    out = fn(*args)
+    return out.cpu() if isinstance(out, torch.Tensor) else [o.cpu() for o in out]
+
+
+def warm(fn, *args):
+    """Runs fn twice (the first call of each op signature runs inline), then waits for the kernels
+    the first sight of its groups started building."""
+    for _ in range(2):
+        run_queued(fn, *args)
+    assert _C._compiler._adaptive_wait_for_builds(300)
+    torch_neuronx.reset_metrics()
+
+
+def same_bits(a, b):
+    return bool(((a == b) & (torch.signbit(a) == torch.signbit(b)) | (a.isnan() & b.isnan())).all())
+
+
+def test_mode_api():
+    before = torch_neuronx.get_execution_mode()
+    try:
+        torch_neuronx.set_execution_mode("adaptive")
+        assert torch_neuronx.get_execution_mode() == "adaptive"
+        torch_neuronx.set_execution_mode("eager")
+        assert torch_neuronx.get_execution_mode() == "eager"
+        with pytest.raises(RuntimeError, match="unknown mode 'fast'.*'eager' and 'adaptive'"):
+            torch_neuronx.set_execution_mode("fast")
+        assert torch_neuronx.get_execution_mode() == "eager"
+    finally:
+        torch_neuronx.set_execution_mode(before)
+
+
+def test_environment_variable_sets_the_mode():
+    code = "import torch, torch_neuronx; print(torch_neuronx.get_execution_mode())"
+    for value, expected in (("adaptive", "adaptive"), (None, "eager")):
+        env = clean_env(**({"TORCH_NEURONX_EXECUTION_MODE": value} if value else {}))
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.strip() == expected
+
+
+def chain(n):
+    def fn(x, b):
+        y = x
+        for i in range(n):
+            y = (y + b) if i % 3 == 0 else (y * 0.75) if i % 3 == 1 else y.relu()
+        return y
+    return fn
+
+
+@pytest.mark.parametrize("n", [2, 8, 40])
+def test_chain_of_pointwise_ops_is_one_kernel(adaptive, n):
+    x, b = torch.randn(512, 1024), torch.randn(512, 1024)
+    xd, bd = x.to(DEV), b.to(DEV)
+    fn = chain(n)
+    warm(fn, xd, bd)
+    out = run_queued(fn, xd, bd)
+    c = counts()
+    assert (c["groups_fused"], c["ops_fused"], c["groups_unfused"]) == (1, n, 0), c
+    assert same_bits(out, fn(x, b))
+
+
+def test_first_sight_runs_unfused_while_the_kernel_builds(adaptive):
+    x, b = torch.randn(1000), torch.randn(1000)
+    xd, bd = x.to(DEV), b.to(DEV)
+    fn = lambda x, b: ((x - b) * b - 0.25).relu() / 3.0 + x  # noqa: E731 (a structure no other test has)
+    run_queued(fn, xd, bd)  # first calls of each signature run inline
+    torch_neuronx.reset_metrics()
+    variants = counts()["variants"]
+    out = run_queued(fn, xd, bd)
+    c = counts()
+    assert c["groups_unfused"] == 1 and c["groups_fused"] == 0 and c["variants"] == variants + 1, c
+    assert same_bits(out, fn(x, b))
+    assert _C._compiler._adaptive_wait_for_builds(300)
+    out = run_queued(fn, xd, bd)
+    assert counts()["groups_fused"] == 1
+    assert same_bits(out, fn(x, b))
+
+
+def test_host_read_splits_the_group(adaptive):
+    x, b = torch.randn(4096), torch.randn(4096)
+    xd, bd = x.to(DEV), b.to(DEV)
+
+    def fn(x, b):
+        y = ((x + b) * 0.5).relu() + b
+        mid = y.cpu()  # a host read: the device runs what is queued before returning
+        _C._sleep(20)
+        z = ((y - b) * 2.0).relu() - x
+        return mid, z
+
+    for _ in range(3):
+        _C._sleep(20)
+        fn(xd, bd)
+        assert _C._compiler._adaptive_wait_for_builds(300)
+    torch.neuron.synchronize()
+    torch_neuronx.reset_metrics()
+    _C._sleep(20)
+    mid, z = fn(xd, bd)
+    z = z.cpu()
+    c = counts()
+    assert (c["groups_fused"], c["ops_fused"]) == (2, 8), c
+    y = ((x + b) * 0.5).relu() + b
+    assert same_bits(mid, y) and same_bits(z, ((y - b) * 2.0).relu() - x)
+
+
+def test_live_intermediates_are_written(adaptive):
+    x, b = torch.randn(3000), torch.randn(3000)
+    xd, bd = x.to(DEV), b.to(DEV)
+
+    def fn(x, b):
+        t1 = x * b      # kept by the caller: written
+        t2 = t1 + 1.5   # dropped below: its buffer is reused within the group
+        t3 = t2.relu()
+        del t2
+        t4 = t3 * t1
+        return t1, t3, t4
+
+    warm(fn, xd, bd)
+    outs = run_queued(fn, xd, bd)
+    assert counts()["ops_fused"] == 4
+    for o, r in zip(outs, fn(x, b)):
+        assert same_bits(o, r)
+
+
+def test_in_place_updates_fuse(adaptive):
+    # An optimizer-style update: in-place ops on the same buffers, a scalar per step.
+    g = torch.Generator().manual_seed(0)
+    p, m, grad = (torch.randn(100_000, generator=g) for _ in range(3))
+    pd, md, gd = p.to(DEV), m.to(DEV), grad.to(DEV)
+
+    def step(p, m, grad, lr):
+        m.mul_(0.9).add_(grad)
+        p.sub_(m * lr)
+        p.mul_(0.999)
+        return p
+
+    for lr in (0.1, 0.05):  # first calls run inline; first sight of the group
+        run_queued(step, pd, md, gd, lr)
+        step(p, m, grad, lr)
+    assert _C._compiler._adaptive_wait_for_builds(300)
+    torch_neuronx.reset_metrics()
+    for lr in (0.01, 0.02, 0.03):  # scalars are arguments: one kernel for every lr
+        out = run_queued(step, pd, md, gd, lr)
+        step(p, m, grad, lr)
+        assert same_bits(out, p) and same_bits(md.cpu(), m)
+    c = counts()
+    assert c["groups_fused"] == 3 and c["ops_fused"] == 15 and c["groups_unfused"] == 0, c
+
+
+SPECIAL = torch.tensor([0.0, -0.0, 1.0, -1.0, float("inf"), -float("inf"), float("nan"), 1e-40, -1e-40, 3.4e38,
+                        -3.4e38, 1e-7, 88.7, -88.7, 0.5, 2.0])
+
+
+def exact_ops():
+    return [o["target"] for o in _C._compiler._op_table() if o["eager_exact"]]
+
+
+def call(target, y, b):
+    name, _, overload = target[len("aten::"):].partition(".")
+    op = getattr(torch.ops.aten, name)
+    op = getattr(op, overload) if overload else op.default
+    n = len(op._schema.arguments)
+    if overload == "Scalar":
+        return op(y, 1.25)
+    if n >= 2 and op._schema.arguments[1].type.kind() == "TensorType":
+        return op(y, b)
+    return op(y)
+
+
+@pytest.mark.parametrize("numel", [37, 1_000_013])  # one range; several threads' ranges, each with a tail
+def test_every_op_the_tier_fuses_rounds_as_eager(adaptive, numel):
+    """The op table's eager_exact ops, each inside a group, bitwise equal to CPU eager (random and
+    special values, float32)."""
+    ops = exact_ops()
+    assert len(ops) >= 15
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(numel, generator=g) * 4
+    x[: len(SPECIAL)] = SPECIAL[: numel]
+    b = torch.randn(numel, generator=g)
+    xd, bd = x.to(DEV), b.to(DEV)
+    for target in ops:
+        fn = lambda x, b, t=target: call(t, x - b, b) * b  # noqa: E731
+        warm(fn, xd, bd)
+        out = run_queued(fn, xd, bd)
+        c = counts()
+        assert c["groups_fused"] == 1 and c["ops_fused"] == 3, (target, c)
+        assert same_bits(out, fn(x, b)), target
+
+
+def test_profiler_shows_the_fused_group(adaptive):
+    x, b = torch.randn(2048), torch.randn(2048)
+    xd, bd = x.to(DEV), b.to(DEV)
+    fn = lambda x, b: (F.silu(x + b) * b).neg()  # noqa: E731
+    warm(fn, xd, bd)
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as prof:
+        run_queued(fn, xd, bd)
+    names = [e.name for e in prof.events()]
+    assert "adaptive_fused(aten::add.Tensor, aten::silu, aten::mul.Tensor, aten::neg)" in names, sorted(set(names))
+
+
+def test_launch_blocking_runs_every_op_alone():
+    code = (
+        "import torch, torch_neuronx\n"
+        "x = torch.randn(1000, device='neuron')\n"
+        "for _ in range(3):\n"
+        "    y = ((x + x) * 2.0).relu().cpu()\n"
+        "m = torch_neuronx.metrics()['adaptive']\n"
+        "print(m['groups_fused'] + m['groups_unfused'])\n")
+    env = clean_env(TORCH_NEURONX_EXECUTION_MODE="adaptive", NEURON_LAUNCH_BLOCKING=1)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "0"
+
+
+def test_training_is_bitwise_eager(adaptive):
+    """An MLP trained 3 steps (AdamW, foreach) in adaptive mode: every loss, gradient and parameter
+    bitwise equal to the same steps in eager mode on neuron."""
+    def train(mode):
+        torch_neuronx.set_execution_mode(mode)
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.SiLU(), torch.nn.Linear(512, 512),
+                                    torch.nn.ReLU(), torch.nn.Linear(512, 10)).to(DEV)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
+        g = torch.Generator().manual_seed(1)
+        data = [(torch.randn(64, 256, generator=g).to(DEV), torch.randint(0, 10, (64,), generator=g).to(DEV))
+                for _ in range(3)]
+        record = []
+        for x, t in data:
+            loss = F.cross_entropy(model(x), t)
+            opt.zero_grad()
+            loss.backward()
+            record.append(loss.detach().cpu())
+            record += [p.grad.cpu() for p in model.parameters()]
+            opt.step()
+        record += [p.detach().cpu() for p in model.parameters()]
+        return record
+
+    eager = train("eager")
+    adaptive_ = train("adaptive")
+    assert _C._compiler._adaptive_wait_for_builds(300)
+    adaptive_again = train("adaptive")  # with the kernels built
+    assert counts()["ops_fused"] > 0
+    for a, b, c in zip(eager, adaptive_, adaptive_again):
+        assert same_bits(a, b) and same_bits(a, c)
