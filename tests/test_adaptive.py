@@ -125,7 +125,7 @@ def test_host_read_splits_the_group(adaptive):
 
     for _ in range(3):
         _C._sleep(20)
-        fn(xd, bd)
+        mid, z = fn(xd, bd)  # (held, as below: whether z is written is part of the structure)
         assert _C._compiler._adaptive_wait_for_builds(300)
     torch.neuron.synchronize()
     torch_neuronx.reset_metrics()
@@ -155,6 +155,40 @@ def test_live_intermediates_are_written(adaptive):
     assert counts()["ops_fused"] == 4
     for o, r in zip(outs, fn(x, b)):
         assert same_bits(o, r)
+
+
+def test_dead_intermediates_are_not_written(adaptive):
+    x, b = torch.randn(5000), torch.randn(5000)
+    xd, bd = x.to(DEV), b.to(DEV)
+
+    def fn(x, b):
+        t1 = x * b      # returned: written
+        t2 = t1 + 1.5   # dropped before the group runs: not written
+        t3 = t2.relu()  # returned: written
+        del t2
+        return t1, t3
+
+    warm(fn, xd, bd)
+    outs = run_queued(fn, xd, bd)
+    c = counts()
+    assert (c["groups_fused"], c["ops_fused"], c["dead_not_written"]) == (1, 3, 1), c
+    for o, r in zip(outs, fn(x, b)):
+        assert same_bits(o, r)
+    # The same ops with the intermediate kept: another variant, which writes it.
+    keep = []
+
+    def fn_live(x, b):
+        t1 = x * b
+        t2 = t1 + 1.5
+        t3 = t2.relu()
+        keep.append(t2)
+        return t1, t3
+
+    warm(fn_live, xd, bd)
+    outs = run_queued(fn_live, xd, bd)
+    c = counts()
+    assert (c["groups_fused"], c["ops_fused"], c["dead_not_written"]) == (1, 3, 0), c
+    assert same_bits(keep[-1].cpu(), x * b + 1.5)
 
 
 def test_in_place_updates_fuse(adaptive):

@@ -13,6 +13,10 @@ namespace {
 const c10::DispatchKeySet kCPUKeys(c10::DispatchKey::CPU);
 }  // namespace
 
+std::atomic<bool> OpKernel::track_liveness_{false};
+
+void OpKernel::set_track_output_liveness(bool on) { track_liveness_.store(on); }
+
 void OpKernel::run() {
   // The aliases were made on this thread: destroy them here too, whatever happens.
   struct Release {

@@ -112,11 +112,18 @@ class OpKernel final : public rt::Kernel {
     snapshots.snapshot_into(t, d.snapshot);
     d.arg = arg;
     d.pos = pos;
+    if (arg < 0 && track_output_liveness()) d.released.emplace(t.storage().getWeakStorageImpl());
   }
   struct Deferred {
     TensorSnapshot snapshot;
     int arg = 0, pos = -1;
+    // A new output's storage, held weakly while the kernel is queued (set_track_output_liveness):
+    // expired once nothing references the output any more, so a fused group need not write it.
+    std::optional<c10::weak_intrusive_ptr<c10::StorageImpl>> released;
   };
+  // Adaptive eager turns this on: kernels launched from then on watch their new outputs.
+  static void set_track_output_liveness(bool on);
+  static bool track_output_liveness() { return track_liveness_.load(std::memory_order_relaxed); }
   // The neuron operands not yet materialized (all of them while the kernel is queued): what the
   // adaptive-eager tier reads to fuse queued kernels without running them.
   c10::ArrayRef<Deferred> deferred() const { return deferred_; }
@@ -124,6 +131,7 @@ class OpKernel final : public rt::Kernel {
  private:
   void materialize();
   void restore_restrided_outputs();
+  static std::atomic<bool> track_liveness_;
   c10::SmallVector<Deferred, 3> deferred_;
   std::vector<c10::Storage> keep_;  // storages of operands the stream order does not cover
   const OpAnalysis* op_;

@@ -14,6 +14,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "backend/op_kernel.h"
 #include "compiler/adaptive_plan.h"
 #include "compiler/codegen.h"
 #include "compiler/kernel_cache.h"
@@ -153,7 +154,8 @@ class Variants {
 class GroupKernel final : public rt::Kernel {
  public:
   GroupKernel(std::vector<std::unique_ptr<rt::Kernel>> members, std::shared_ptr<Variant> v, const Plan& p)
-      : members_(std::move(members)), variant_(std::move(v)), scalars_(p.scalars), numel_(p.numel) {
+      : members_(std::move(members)), variant_(std::move(v)), scalars_(p.scalars), numel_(p.numel),
+        dead_(p.dead_outputs()) {
     for (int i : p.inputs()) ptrs_.push_back(p.slots[p.value_slot[i]].ptr);
     for (int o : p.outputs()) ptrs_.push_back(p.slots[p.value_slot[o]].ptr);
     origin = members_.front()->origin;
@@ -168,6 +170,7 @@ class GroupKernel final : public rt::Kernel {
       at::parallel_for(0, numel_, kGrain, [&](int64_t b, int64_t e) { fn(ptrs, scalars, b, e); });
       c.groups_fused.fetch_add(1, std::memory_order_relaxed);
       c.ops_fused.fetch_add(static_cast<int64_t>(members_.size()), std::memory_order_relaxed);
+      if (dead_) c.dead_not_written.fetch_add(dead_, std::memory_order_relaxed);
       return;
     }
     c.groups_unfused.fetch_add(1, std::memory_order_relaxed);
@@ -193,6 +196,7 @@ class GroupKernel final : public rt::Kernel {
   std::vector<char*> ptrs_;
   std::vector<double> scalars_;
   int64_t numel_;
+  int dead_;
   const rt::Kernel* failed_ = nullptr;
 };
 
@@ -224,6 +228,7 @@ std::atomic<Mode> g_mode{Mode::kEager};
 void set_mode(Mode m) {
   static AdaptiveGrouper grouper;
   g_mode.store(m);
+  OpKernel::set_track_output_liveness(m == Mode::kAdaptive);
   rt::set_grouper(m == Mode::kAdaptive ? &grouper : nullptr);
 }
 

@@ -88,6 +88,7 @@ class Builder {
     auto fail = [&](End e) {
       p_.slots.resize(slots0);
       p_.value_slot.resize(values0);
+      p_.value_dead.resize(values0);
       p_.scalars.resize(scalars0);
       p_.key.resize(key0);
       return e;
@@ -166,6 +167,7 @@ class Builder {
     }
     m.output = static_cast<int>(p_.value_slot.size());
     p_.value_slot.push_back(slot);
+    p_.value_dead.push_back(out->released && out->released->expired());
     p_.slots[slot].current = m.output;
     p_.key += 'o' + std::to_string(slot) + ';';
     p_.nodes.push_back(std::move(m));
@@ -189,6 +191,7 @@ class Builder {
   int new_input(char* ptr) {
     const int v = static_cast<int>(p_.value_slot.size());
     p_.value_slot.push_back(static_cast<int>(p_.slots.size()));
+    p_.value_dead.push_back(0);
     p_.slots.push_back({ptr, v, v});
     return v;
   }
@@ -212,6 +215,7 @@ void Plan::clear() {
   nodes.clear();
   slots.clear();
   value_slot.clear();
+  value_dead.clear();
   scalars.clear();
   sizes.clear();
   numel = 0;
@@ -228,8 +232,14 @@ std::vector<int> Plan::inputs() const {
 std::vector<int> Plan::outputs() const {
   std::vector<int> r;
   for (const Slot& s : slots)
-    if (s.current != s.input) r.push_back(s.current);
+    if (s.current != s.input && !value_dead[s.current]) r.push_back(s.current);
   return r;
+}
+
+int Plan::dead_outputs() const {
+  int n = 0;
+  for (const Slot& s : slots) n += s.current != s.input && value_dead[s.current];
+  return n;
 }
 
 bool is_candidate(const rt::Kernel& k) {
@@ -253,6 +263,9 @@ void make_plan(const rt::Kernel& head, const rt::Kernel* const* next, size_t n, 
     }
   }
   p.members = 1 + i;
+  // Which outputs are written is part of the structure.
+  for (size_t s = 0; s < p.slots.size(); ++s)
+    if (p.slots[s].current != p.slots[s].input && p.value_dead[p.slots[s].current]) p.key += 'x' + std::to_string(s);
   if (i == n) p.end = n + 1 >= rt::Engine::kMaxGroup ? End::k_size_bound : End::k_queue_end;
 }
 

@@ -47,16 +47,18 @@ struct Plan {
   std::vector<Member> nodes;
   std::vector<Slot> slots;
   std::vector<int> value_slot;         // per value: its slot
+  std::vector<char> value_dead;        // per value: a new output nothing references any more
   std::vector<double> scalars;
   std::vector<int64_t> sizes;          // of every operand (contiguous float32)
   int64_t numel = 0;
   std::string key;                     // structure; scalars are arguments, not part of it
 
   void clear();
-  // Inputs (values read from memory) and outputs (each written slot's last value): the kernel's
-  // pointers, in the order to_graph's group lists them.
+  // Inputs (values read from memory) and outputs (each written slot's last value, unless dead):
+  // the kernel's pointers, in the order to_graph's group lists them.
   std::vector<int> inputs() const;
   std::vector<int> outputs() const;
+  int dead_outputs() const;  // written slots whose last value is dead: not stored
 };
 
 // Whether k could start a group (an op kernel whose op fuses): cheap, under the engine's lock.
