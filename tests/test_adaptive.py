@@ -191,6 +191,27 @@ def test_dead_intermediates_are_not_written(adaptive):
     assert same_bits(keep[-1].cpu(), x * b + 1.5)
 
 
+def test_dropped_output_read_by_a_later_kernel_is_written(adaptive):
+    """Queued kernels do not own their operands: a tensor Python dropped after queueing a reader
+    outside the group is not dead."""
+    x, b = torch.randn(5000), torch.randn(5000)
+    xd, bd = x.to(DEV), b.to(DEV)
+
+    def fn(x, b):
+        t1 = x * b
+        t2 = (t1 * 2.0).relu()
+        e = t1.exp()  # not fused: ends the group, and reads t1 after it
+        del t1
+        return t2, e
+
+    warm(fn, xd, bd)
+    outs = run_queued(fn, xd, bd)
+    c = counts()
+    assert (c["groups_fused"], c["ops_fused"], c["dead_not_written"]) == (1, 3, 0), c
+    for o, r in zip(outs, fn(x, b)):
+        assert same_bits(o, r)
+
+
 def test_in_place_updates_fuse(adaptive):
     # An optimizer-style update: in-place ops on the same buffers, a scalar per step.
     g = torch.Generator().manual_seed(0)
@@ -283,21 +304,53 @@ def test_launch_blocking_runs_every_op_alone():
     assert r.stdout.strip() == "0"
 
 
-def test_training_is_bitwise_eager(adaptive):
-    """An MLP trained 3 steps (AdamW, foreach) in adaptive mode: every loss, gradient and parameter
-    bitwise equal to the same steps in eager mode on neuron."""
+def mlp_step():
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.SiLU(), torch.nn.Linear(512, 512),
+                                torch.nn.ReLU(), torch.nn.Linear(512, 10))
+    g = torch.Generator().manual_seed(1)
+    return model, lambda: (torch.randn(64, 256, generator=g), torch.randint(0, 10, (64,), generator=g)), F.cross_entropy
+
+
+def example_mlp():  # examples/train.py's classifier (GELU, dropout)
+    from torch_neuronx.testing.models import MLP, classification_data
+    data = classification_data(n=256)
+    it = iter(torch.utils.data.DataLoader(data, batch_size=64))
+    return MLP(), lambda: next(it), F.cross_entropy
+
+
+def example_transformer():  # examples/train.py's language model
+    from torch_neuronx.testing.models import TinyTransformerLM, language_data
+    it = iter(torch.utils.data.DataLoader(language_data(n=256), batch_size=32))
+
+    def loss(out, t):
+        return F.cross_entropy(out.reshape(-1, out.shape[-1]), t.reshape(-1))
+    return TinyTransformerLM(), lambda: next(it), loss
+
+
+def nanogpt():  # the bench's training step, smaller
+    from torch_neuronx.testing.models import NanoGPT
+    g = torch.Generator().manual_seed(3)
+    tokens = lambda: torch.randint(0, 1024, (2, 128), generator=g)  # noqa: E731
+
+    def loss(out, t):
+        return F.cross_entropy(out.reshape(-1, out.shape[-1]), t.reshape(-1))
+    return NanoGPT(vocab=1024, d=128, layers=2, heads=4, seq=128), lambda: (tokens(), tokens()), loss
+
+
+@pytest.mark.parametrize("make", [mlp_step, example_mlp, example_transformer, nanogpt])
+def test_training_is_bitwise_eager(adaptive, make):
+    """Three training steps (AdamW) in adaptive mode: every loss, gradient and parameter bitwise
+    equal to the same steps in eager mode on neuron (dropout included: the same random draws)."""
     def train(mode):
         torch_neuronx.set_execution_mode(mode)
         torch.manual_seed(0)
-        model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.SiLU(), torch.nn.Linear(512, 512),
-                                    torch.nn.ReLU(), torch.nn.Linear(512, 10)).to(DEV)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
-        g = torch.Generator().manual_seed(1)
-        data = [(torch.randn(64, 256, generator=g).to(DEV), torch.randint(0, 10, (64,), generator=g).to(DEV))
-                for _ in range(3)]
+        model, batch, criterion = make()
+        model = model.to(DEV)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)  # per-tensor ops: they fuse
         record = []
-        for x, t in data:
-            loss = F.cross_entropy(model(x), t)
+        for _ in range(3):
+            x, t = (v.to(DEV) for v in batch())
+            loss = criterion(model(x), t)
             opt.zero_grad()
             loss.backward()
             record.append(loss.detach().cpu())
@@ -307,9 +360,11 @@ def test_training_is_bitwise_eager(adaptive):
         return record
 
     eager = train("eager")
-    adaptive_ = train("adaptive")
+    first = train("adaptive")
     assert _C._compiler._adaptive_wait_for_builds(300)
-    adaptive_again = train("adaptive")  # with the kernels built
+    torch_neuronx.reset_metrics()
+    again = train("adaptive")  # with the kernels built
     assert counts()["ops_fused"] > 0
-    for a, b, c in zip(eager, adaptive_, adaptive_again):
+    assert len(eager) == len(first) == len(again)
+    for a, b, c in zip(eager, first, again):
         assert same_bits(a, b) and same_bits(a, c)

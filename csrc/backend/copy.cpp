@@ -26,11 +26,29 @@ OpCounters& copy_counters() {
   return c;
 }
 
-std::unique_ptr<rt::Kernel> copy_kernel(const char* name, at::Tensor dst, at::Tensor src) {
-  return std::make_unique<rt::FunctionKernel>(name, [dst = std::move(dst), src = std::move(src)]() mutable {
+// A copy between CPU views (of device buffers or host memory): it knows what it touches.
+class CopyKernel final : public rt::Kernel {
+ public:
+  CopyKernel(const char* name, at::Tensor dst, at::Tensor src) : name_(name), dst_(std::move(dst)), src_(std::move(src)) {}
+  void run() override {
     at::AutoDispatchBelowADInplaceOrView below;
-    dst.copy_(src);
-  });
+    dst_.copy_(src_);
+  }
+  const char* name() const override { return name_; }
+  bool may_touch(const void* p, size_t n) const override { return overlaps(dst_, p, n) || overlaps(src_, p, n); }
+
+ private:
+  static bool overlaps(const at::Tensor& t, const void* p, size_t n) {
+    const char* s = static_cast<const char*>(t.storage().data());
+    const char* q = static_cast<const char*>(p);
+    return q < s + t.storage().nbytes() && s < q + n;
+  }
+  const char* name_;
+  at::Tensor dst_, src_;
+};
+
+std::unique_ptr<rt::Kernel> copy_kernel(const char* name, at::Tensor dst, at::Tensor src) {
+  return std::make_unique<CopyKernel>(name, std::move(dst), std::move(src));
 }
 
 }  // namespace

@@ -124,9 +124,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("_sleep", [](double ms) {
     const auto d = current_device();
     translate([&] {
-      current_queue(d).launch(std::make_unique<rt::FunctionKernel>("neuron::sleep", [ms] {
-        std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(ms));
-      }));
+      current_queue(d).launch(std::make_unique<rt::FunctionKernel>(
+          "neuron::sleep", [ms] { std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(ms)); },
+          /*touches_memory=*/false));
     });
   });
   m.def("_stream_priority", [](int64_t stream_id) { return rt::Device::priority_of(static_cast<uint64_t>(stream_id)); });

@@ -17,6 +17,16 @@ std::atomic<bool> OpKernel::track_liveness_{false};
 
 void OpKernel::set_track_output_liveness(bool on) { track_liveness_.store(on); }
 
+bool OpKernel::may_touch(const void* p, size_t n) const {
+  if (deferred_.empty() && !args_.empty()) return true;  // (materialized: ran, or runs inline)
+  const char* q = static_cast<const char*>(p);
+  for (const Deferred& d : deferred_) {
+    const char* s = static_cast<const char*>(d.snapshot.base);
+    if (q < s + d.snapshot.nbytes && s < q + n) return true;
+  }
+  return false;
+}
+
 void OpKernel::run() {
   // The aliases were made on this thread: destroy them here too, whatever happens.
   struct Release {

@@ -91,6 +91,8 @@ class OpKernel final : public rt::Kernel {
   void run() override;      // on the queue: errors become plain messages (no C++ backtrace)
   void execute();           // the kernel itself; also run inline to validate a first call
   const char* name() const override { return op_->name.c_str(); }
+  // Its neuron operands' storages (while queued; materialized operands are host views).
+  bool may_touch(const void* p, size_t n) const override;
 
   const OpAnalysis& op() const { return *op_; }
   Mode mode() const { return mode_; }

@@ -132,7 +132,8 @@ class Variants {
     std::string source = "#pragma GCC optimize(\"fp-contract=off\")\n" + kernel_prelude() +
                          generate_kernel(g, group, "nx_adaptive");
     if (const char* dir = std::getenv("TORCH_NEURONX_ADAPTIVE_DUMP")) {  // sources, for reading
-      std::ofstream(std::string(dir) + "/adaptive_" + KernelCache::instance().hash(p.key) + ".cpp") << source;
+      std::ofstream(std::string(dir) + "/adaptive_" + KernelCache::instance().hash(p.key) + ".cpp")
+          << "// " << v->name << "\n// key " << p.key << "\n" << source;
     }
     {
       std::lock_guard<std::mutex> lk(mu_);
@@ -203,9 +204,9 @@ class GroupKernel final : public rt::Kernel {
 class AdaptiveGrouper final : public rt::Grouper {
  public:
   bool candidate(const rt::Kernel& head) override { return is_candidate(head); }
-  size_t plan(const rt::Kernel& head, const rt::Kernel* const* next, size_t n) override {
+  size_t plan(const rt::Kernel& head, const rt::GroupWindow& w) override {
     Plan& p = plan_();
-    make_plan(head, next, n, p);
+    make_plan(head, w, p);
     counters().ended[static_cast<size_t>(p.end)].fetch_add(1, std::memory_order_relaxed);
     return p.members - 1;
   }

@@ -1,5 +1,6 @@
 #include "compiler/adaptive_plan.h"
 
+#include <algorithm>
 #include <optional>
 #include <unordered_map>
 
@@ -247,7 +248,33 @@ bool is_candidate(const rt::Kernel& k) {
   return ok && runs_as_planned(*ok, facts(ok->op()));
 }
 
-void make_plan(const rt::Kernel& head, const rt::Kernel* const* next, size_t n, Plan& p) {
+namespace {
+
+// Whether any of the kernels may read [ptr, ptr + bytes).
+bool may_read(const rt::Kernel* const* ks, size_t n, const char* ptr, int64_t bytes) {
+  for (size_t i = 0; i < n; ++i)
+    if (ks[i]->may_touch(ptr, static_cast<size_t>(bytes))) return true;
+  return false;
+}
+
+// An output whose storage expired is dead only if no kernel queued after the group reads it: the
+// queue's kernels do not own their operands (stream-ordered reuse), so a kernel queued before
+// the host dropped the tensor may still read it. Without the whole queue in view, or with work
+// queued since it was gathered, an output stays live.
+void confirm_dead(Plan& p, const rt::GroupWindow& w, size_t grouped) {
+  const bool whole_view = w.complete && w.queue;
+  for (Plan::Slot& s : p.slots) {
+    if (s.current == s.input || !p.value_dead[s.current]) continue;
+    if (!whole_view || may_read(w.next + grouped, w.n - grouped, s.ptr, p.numel * kItem))
+      p.value_dead[s.current] = 0;
+  }
+  // (after the expiry checks: a kernel queued before an expiry is counted in submitted_seq)
+  if (whole_view && w.queue->submitted_seq() != w.submitted) std::fill(p.value_dead.begin(), p.value_dead.end(), 0);
+}
+
+}  // namespace
+
+void make_plan(const rt::Kernel& head, const rt::GroupWindow& w, Plan& p) {
   p.clear();
   Builder b(p);
   if (auto why = b.add(head)) {
@@ -255,14 +282,16 @@ void make_plan(const rt::Kernel& head, const rt::Kernel* const* next, size_t n, 
     p.members = 1;
     return;
   }
+  const size_t n = w.n;
   size_t i = 0;
   for (; i < n; ++i) {
-    if (auto why = b.add(*next[i])) {
+    if (auto why = b.add(*w.next[i])) {
       p.end = *why;
       break;
     }
   }
   p.members = 1 + i;
+  confirm_dead(p, w, i);
   // Which outputs are written is part of the structure.
   for (size_t s = 0; s < p.slots.size(); ++s)
     if (p.slots[s].current != p.slots[s].input && p.value_dead[p.slots[s].current]) p.key += 'x' + std::to_string(s);

@@ -64,7 +64,7 @@ struct Plan {
 // Whether k could start a group (an op kernel whose op fuses): cheap, under the engine's lock.
 bool is_candidate(const rt::Kernel& k);
 // Plans the group starting at head over its followers; p.members is 1 when nothing joins.
-void make_plan(const rt::Kernel& head, const rt::Kernel* const* next, size_t n, Plan& p);
+void make_plan(const rt::Kernel& head, const rt::GroupWindow& w, Plan& p);
 // The plan's program as a compiler graph, and its one fusion group (code generation's input).
 Graph to_graph(const Plan& p, FusionGroup& group);
 

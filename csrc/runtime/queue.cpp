@@ -349,8 +349,14 @@ size_t Engine::offer_group(std::unique_lock<std::mutex>& lk, Queue* q, Task& tas
     if (t.kind != Task::Kind::kKernel || next.size() + 1 >= kMaxGroup) break;
     next.push_back(t.kernel.get());
   }
+  GroupWindow w;
+  w.complete = next.size() == q->tasks_.size();
+  w.queue = q;
+  w.submitted = q->submitted_.load(std::memory_order_relaxed);
   lk.unlock();
-  const size_t k = std::min(grouper->plan(*task.kernel, next.data(), next.size()), next.size());
+  w.next = next.data();
+  w.n = next.size();
+  const size_t k = std::min(grouper->plan(*task.kernel, w), next.size());
   if (k == 0) return 0;
   std::vector<std::unique_ptr<Kernel>> members;
   members.reserve(k + 1);

@@ -90,14 +90,24 @@ class BlockingScope {
 // when the engine takes a kernel it may offer it, with the kernels queued right behind it, to the
 // grouper. Only kernels are offered (a record, wait or any later task ends the run), and only on a
 // queue that has no pending error.
+class Queue;
+// What the grouper is shown behind the kernel taken.
+struct GroupWindow {
+  const Kernel* const* next = nullptr;  // the kernels queued right behind it, in order
+  size_t n = 0;
+  bool complete = false;      // next holds every task queued behind it when they were gathered
+  const Queue* queue = nullptr;
+  uint64_t submitted = 0;     // the queue's submitted_seq() when they were gathered
+};
+
 class Grouper {
  public:
   virtual ~Grouper() = default;
   // Cheap first test, under the engine's lock: whether `head` could start a group.
   virtual bool candidate(const Kernel& head) = 0;
-  // How many of the n kernels queued behind `head` (in order) join it: 0 for none. Called on the
-  // engine's thread without its lock; the kernels stay queued (and alive) meanwhile.
-  virtual size_t plan(const Kernel& head, const Kernel* const* next, size_t n) = 0;
+  // How many of the kernels in w.next join `head`: 0 for none. Called on the engine's thread
+  // without its lock; the kernels stay queued (and alive) meanwhile.
+  virtual size_t plan(const Kernel& head, const GroupWindow& w) = 0;
   // The kernel that runs `members` (head first; the 1 + plan() kernels planned) as one. It owns
   // them: they are destroyed with it, by the host, like any finished kernel.
   virtual std::unique_ptr<Kernel> make(std::vector<std::unique_ptr<Kernel>> members) = 0;
