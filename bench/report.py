@@ -12,7 +12,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-LABELS = {"cpu_eager": "CPU eager", "cpu_inductor": "CPU torch.compile (Inductor)", "neuron_eager": "neuron eager"}
+LABELS = {"cpu_eager": "CPU eager", "cpu_inductor": "CPU torch.compile (Inductor)", "neuron_eager": "neuron eager",
+          "neuron_adaptive": "neuron adaptive eager"}
 
 
 def fmt_s(s):
@@ -20,16 +21,21 @@ def fmt_s(s):
 
 
 def table(result):
-    rows = ["| workload | mode | median | min–max | first call | neuron vs CPU eager | neuron vs CPU Inductor |",
-            "|---|---|---|---|---|---|---|"]
+    rows = ["| workload | mode | median | min–max | first call | neuron vs CPU eager | neuron vs CPU Inductor | "
+            "adaptive vs neuron eager |", "|---|---|---|---|---|---|---|---|"]
     for name, w in result["workloads"].items():
+        ce, ci = w["modes"]["cpu_eager"]["median_s"], w["modes"].get("cpu_inductor", {}).get("median_s")
         for i, (mode, m) in enumerate(w["modes"].items()):
-            ratio_e = ratio_i = ""
-            if mode == "neuron_eager":
-                ratio_e = f"**{w['neuron_vs_cpu_eager']:.2f}×**"
-                ratio_i = f"{w['neuron_vs_cpu_inductor']:.2f}×" if w.get("neuron_vs_cpu_inductor") else "–"
+            ratio_e = ratio_i = ratio_a = ""
+            if mode.startswith("neuron"):
+                bold = "**" if mode == "neuron_eager" else ""
+                ratio_e = f"{bold}{ce / m['median_s']:.2f}×{bold}"
+                ratio_i = f"{ci / m['median_s']:.2f}×" if ci else "–"
+            if mode == "neuron_adaptive":
+                ratio_a = f"**{w['adaptive_vs_neuron_eager']:.2f}×**"
             rows.append(f"| {name if i == 0 else ''} | {LABELS.get(mode, mode)} | {fmt_s(m['median_s'])} | "
-                        f"{fmt_s(m['min_s'])}–{fmt_s(m['max_s'])} | {fmt_s(m['first_call_s'])} | {ratio_e} | {ratio_i} |")
+                        f"{fmt_s(m['min_s'])}–{fmt_s(m['max_s'])} | {fmt_s(m['first_call_s'])} | {ratio_e} | {ratio_i} | "
+                        f"{ratio_a} |")
     return "\n".join(rows)
 
 
@@ -87,7 +93,9 @@ def render(result, json_name, png_name):
         "within 2e-3 otherwise). The `neuron` device is simulated on the same CPU cores (see "
         "README), so these ratios measure the overhead and the overlap of the backend itself.",
         "Ratios are throughput ratios: above 1 means `neuron` is faster. \"First call\" is the first "
-        "call after setup; for Inductor it is the (cold, caches disabled) compile time.",
+        "call after setup; for Inductor it is the (cold, caches disabled) compile time. "
+        "\"neuron adaptive eager\" is the same eager program with `torch_neuronx.set_execution_mode("
+        "\"adaptive\")` (docs/adaptive_eager.md), timed once its kernels are built.",
         "",
         f"![throughput ratios]({png_name})",
         "",
@@ -99,7 +107,10 @@ def render(result, json_name, png_name):
         lines += ["## Per-op dispatch", "",
                   f"Tiny ops: CPU eager **{u['cpu_eager']:.2f} µs/op**, neuron eager **{u['neuron_eager']:.2f} "
                   f"µs/op** ({u['neuron_eager'] / u['cpu_eager']:.2f}× CPU's latency), including the final "
-                  "synchronize.", ""]
+                  "synchronize."
+                  + (f" Adaptive eager: **{u['neuron_adaptive']:.2f} µs/op** (the host's work per op is "
+                     "eager's; the device fuses only what is queued behind the op it takes)."
+                     if "neuron_adaptive" in u else ""), ""]
     if "nanogpt_train_step" in ws and "nanogpt_train_step_bf16" in ws:
         fp32 = ws["nanogpt_train_step"]["modes"]["neuron_eager"]["median_s"]
         bf16 = ws["nanogpt_train_step_bf16"]["modes"]["neuron_eager"]["median_s"]

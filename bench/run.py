@@ -1,8 +1,9 @@
 """Benchmarks side by side: every `neuron` figure is a ratio to CPU measured in the same run.
 
 Modes per workload, interleaved (A B C A B C ...), medians over repetitions after
-warm-up: CPU eager, CPU torch.compile (Inductor; compile time reported apart), and
-neuron eager. Results are checked equal (within tolerance) across modes before
+warm-up: CPU eager, CPU torch.compile (Inductor; compile time reported apart),
+neuron eager, and neuron adaptive eager (torch_neuronx.set_execution_mode("adaptive"):
+the same eager program, queued pointwise ops fused by the device). Results are checked equal (within tolerance) across modes before
 timings are accepted; every timed call ends with a synchronize.
 
     python bench/run.py              # full run, writes bench/results/<date>.json
@@ -29,7 +30,24 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-MODES = ("cpu_eager", "cpu_inductor", "neuron_eager")
+MODES = ("cpu_eager", "cpu_inductor", "neuron_eager", "neuron_adaptive")
+# Workloads that compare eager paths only (no Inductor column).
+EAGER_MODES = ("cpu_eager", "neuron_eager", "neuron_adaptive")
+
+
+def in_mode(mode, fn):
+    """fn run in the neuron execution mode `mode` names (adaptive or eager), then back to eager."""
+    import torch_neuronx
+
+    exec_mode = "adaptive" if mode == "neuron_adaptive" else "eager"
+
+    def run():
+        torch_neuronx.set_execution_mode(exec_mode)
+        try:
+            return fn()
+        finally:
+            torch_neuronx.set_execution_mode("eager")
+    return run
 
 
 def sync(device):
@@ -136,29 +154,29 @@ def optimizer_setup(n, impl):
 def workloads(quick):
     if quick:
         return {
-            "dispatch": dict(setup=dispatch_setup(200), ops=200, modes=("cpu_eager", "neuron_eager"),
+            "dispatch": dict(setup=dispatch_setup(200), ops=200, modes=EAGER_MODES,
                              note="200 tiny adds"),
             "pointwise_chain": dict(setup=pointwise_setup(1 << 16), bytes=4 * (1 << 16) * 4,
                                     note="GELU/bias/dropout/residual, 64K elements"),
-            "adamw_fused_1000_params": dict(setup=optimizer_setup(1000, "fused"), modes=("cpu_eager", "neuron_eager"),
+            "adamw_fused_1000_params": dict(setup=optimizer_setup(1000, "fused"), modes=EAGER_MODES,
                                         note="fused AdamW step over 1,000 parameters"),
         "mlp_train_step": dict(setup=make_training_step(lambda: mlp(64, 128), lambda: (
                 torch.randn(32, 64, generator=torch.Generator().manual_seed(1)),
                 torch.randint(0, 10, (32,), generator=torch.Generator().manual_seed(2))), F.cross_entropy),
-                modes=("cpu_eager", "neuron_eager"), train=True, note="MLP 64-128-128-10"),
+                modes=EAGER_MODES, train=True, note="MLP 64-128-128-10"),
         }
     tokens = lambda n, vocab, seq: torch.randint(0, vocab, (n, seq), generator=torch.Generator().manual_seed(3))
     return {
         # Inductor would unroll the Python loop into one graph: not a dispatch measurement.
-        "dispatch": dict(setup=dispatch_setup(2000), ops=2000, inner=100, modes=("cpu_eager", "neuron_eager"),
+        "dispatch": dict(setup=dispatch_setup(2000), ops=2000, inner=100, modes=EAGER_MODES,
                          note="2000 tiny (16-element) adds + sync, 100 times per measurement"),
         # An optimizer step is one call over thousands of tensors: per-tensor costs on the
         # per-op path (keys, alias lookups) show up here as they do not in per-op dispatch.
         "adamw_fused_1000_params": dict(setup=optimizer_setup(1000, "fused"), inner=10,
-                                        modes=("cpu_eager", "neuron_eager"),
+                                        modes=EAGER_MODES,
                                         note="fused AdamW step over 1,000 parameters (~1.4M elements), 10 per measurement"),
         "adamw_foreach_1000_params": dict(setup=optimizer_setup(1000, "foreach"), inner=10,
-                                          modes=("cpu_eager", "neuron_eager"),
+                                          modes=EAGER_MODES,
                                           note="foreach AdamW step over 1,000 parameters, 10 per measurement"),
         "pointwise_chain": dict(setup=pointwise_setup(1 << 22), bytes=4 * (1 << 22) * 4, inner=12,
                                 note="GELU/bias/dropout/residual on 4M elements, 12 times per measurement"),
@@ -183,7 +201,7 @@ def workloads(quick):
                                      lambda logits, t: F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(),
                                                                        t.reshape(-1)),
                                      autocast_dtype=torch.bfloat16),
-            train=True, inner=2, modes=("cpu_eager", "neuron_eager"), check_tol=2e-2,
+            train=True, inner=2, modes=EAGER_MODES, check_tol=2e-2,
             flops=6 * 4 * 256 * (8 * 12 * 256 * 256 + 256 * 8192),
             note="the nanoGPT step under torch.autocast(dtype=torch.bfloat16), CPU autocast vs neuron autocast"),
         "bert_base_inference": dict(
@@ -215,6 +233,8 @@ def run_workload(name, w, reps, log, quick):
         torch._dynamo.reset()
         t0 = time.perf_counter()
         run, check = w["setup"](device, compiled=mode.endswith("inductor"))
+        if device == "neuron":
+            run, check = in_mode(mode, run), in_mode(mode, check)
         checks[mode] = check()  # Inductor compiles here: first_call_s includes the compile time
         first_call[mode] = time.perf_counter() - t0
         fns[mode] = (run, device)
@@ -225,9 +245,15 @@ def run_workload(name, w, reps, log, quick):
         tol = dict(rtol=t, atol=t) if mode != "cpu_eager" else dict(rtol=0, atol=0)
         torch.testing.assert_close(out.float(), base.float(), **tol,
                                    msg=lambda m: f"{name}/{mode} disagrees with cpu_eager: {m}")
-    for mode, (run, device) in fns.items():  # warm-up
+    for mode, (run, device) in fns.items():  # warm-up (adaptive: first sight, then its kernels built)
         run()
         sync(device)
+        if mode == "neuron_adaptive":
+            import torch_neuronx
+
+            torch_neuronx._C._compiler._adaptive_wait_for_builds(600)
+            run()
+            sync(device)
     # Each measurement repeats the unit of work `inner` times (about 0.5 s or
     # more in the full run) and reports the time per unit.
     inner = w.get("inner", 1)
@@ -245,6 +271,8 @@ def run_workload(name, w, reps, log, quick):
     # Throughput ratios (>1 means neuron is faster).
     res["neuron_vs_cpu_eager"] = ce / ne
     res["neuron_vs_cpu_inductor"] = ci / ne if ci else None
+    if "neuron_adaptive" in res["modes"]:
+        res["adaptive_vs_neuron_eager"] = ne / res["modes"]["neuron_adaptive"]["median_s"]
     if "ops" in w:
         res["us_per_op"] = {m: v["median_s"] / w["ops"] * 1e6 for m, v in res["modes"].items()}
     for key in ("bytes", "flops"):
@@ -253,7 +281,8 @@ def run_workload(name, w, reps, log, quick):
     if w.get("train") and "neuron_eager" in modes:
         res["memory"] = measure_memory(name, quick)
     log(f"{name:<24}" + "".join(f"{m}={v['median_s'] * 1e3:9.2f} ms  " for m, v in res["modes"].items())
-        + f"neuron/cpu_eager throughput {res['neuron_vs_cpu_eager']:.2f}x")
+        + f"neuron/cpu_eager throughput {res['neuron_vs_cpu_eager']:.2f}x"
+        + (f", adaptive/neuron eager {res['adaptive_vs_neuron_eager']:.2f}x" if "adaptive_vs_neuron_eager" in res else ""))
     return res
 
 
