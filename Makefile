@@ -14,7 +14,7 @@ export CCACHE_BASEDIR ?= $(CURDIR)
 export CCACHE_NOHASHDIR ?= 1
 PYTEST_ARGS ?= -q
 
-.PHONY: all build demo test test-large test-runtime test-python test-conformance conformance hf-sweep bench bench-quick clean
+.PHONY: all build demo test test-large test-runtime test-python test-conformance test-conformance-adaptive conformance hf-sweep bench bench-quick clean
 
 all: build
 
@@ -62,7 +62,11 @@ test-python: build
 test-conformance: build
 	$(PYTHON) -m torch_neuronx.conformance --quick --jobs 2 --out build/conformance-quick
 
-test: test-runtime test-python test-conformance
+# The same sweep with adaptive eager on (docs/adaptive_eager.md): the same baseline must pass.
+test-conformance-adaptive: build
+	TORCH_NEURONX_EXECUTION_MODE=adaptive $(PYTHON) -m torch_neuronx.conformance --quick --jobs 2 --out build/conformance-quick-adaptive
+
+test: test-runtime test-python test-conformance test-conformance-adaptive
 
 # Models at the size users run them (GPT-2 small trained with the Trainer, eager and
 # compiled; a 1.1B Llama generating): minutes on 2 cores, so not part of make test.
