@@ -12,8 +12,6 @@ namespace neuronx::compiler::adaptive {
 
 namespace {
 
-constexpr int64_t kItem = sizeof(float);
-
 // What the tier knows about an op: the functional op it computes, whether in place.
 struct OpFacts {
   OpId id = OpId::kOther;  // kOther: does not fuse
@@ -48,8 +46,11 @@ bool runs_as_planned(const OpKernel& k, const OpFacts& f) {
   return f.inplace ? k.mode() == OpKernel::Mode::kDirect : k.mode() != OpKernel::Mode::kDirect;
 }
 
-bool dense_float(const Geometry& g, int64_t numel) {
-  if (g.dtype != c10::ScalarType::Float || g.conj || g.neg || !g.defined) return false;
+// The dtypes the tier fuses: float32, and bfloat16 (each op's result rounded, as eager's are).
+bool fused_dtype(c10::ScalarType t) { return t == c10::ScalarType::Float || t == c10::ScalarType::BFloat16; }
+
+bool dense(const Geometry& g, int64_t numel) {
+  if (!fused_dtype(g.dtype) || g.conj || g.neg || !g.defined) return false;
   int64_t expected = 1, n = 1;
   for (size_t d = g.sizes.size(); d-- > 0;) {
     if (g.sizes[d] != 1 && g.strides[d] != expected) return false;
@@ -105,11 +106,16 @@ class Builder {
     if (f.inplace) out = by_arg[0];
     if (!out) return End::k_not_lowered;
     const bool first = p_.nodes.empty();
-    if (!dense_float(out->snapshot.geometry, first ? -1 : p_.numel))
-      return out->snapshot.geometry.dtype != c10::ScalarType::Float ? End::k_dtype : End::k_layout;
+    const c10::ScalarType dtype = out->snapshot.geometry.dtype;
+    if (!fused_dtype(dtype) || (!first && dtype != p_.dtype)) return End::k_dtype;
+    if (dtype == c10::ScalarType::BFloat16 && !info.eager_exact_bf16) return End::k_not_lowered;
+    if (!dense(out->snapshot.geometry, first ? -1 : p_.numel)) return End::k_layout;
     if (first) {
       p_.sizes.assign(out->snapshot.geometry.sizes.begin(), out->snapshot.geometry.sizes.end());
       p_.numel = c10::multiply_integers(p_.sizes);
+      p_.dtype = dtype;
+      p_.item = static_cast<int64_t>(c10::elementSize(dtype));
+      p_.key += dtype == c10::ScalarType::BFloat16 ? "b:" : "f:";
     }
     Plan::Member m;
     m.id = f.id;
@@ -124,8 +130,8 @@ class Builder {
       double number = 0;
       if (const OpKernel::Deferred* d = i < 8 ? by_arg[i] : nullptr) {
         const Geometry& g = d->snapshot.geometry;
-        if (g.dtype != c10::ScalarType::Float) return fail(End::k_dtype);
-        if (!dense_float(g, p_.numel) || g.sizes.size() != p_.sizes.size() ||
+        if (g.dtype != p_.dtype) return fail(End::k_dtype);
+        if (!dense(g, p_.numel) || g.sizes.size() != p_.sizes.size() ||
             !std::equal(g.sizes.begin(), g.sizes.end(), out->snapshot.geometry.sizes.begin()))
           return fail(End::k_layout);
         const int slot = find_slot(address(d->snapshot));
@@ -177,11 +183,11 @@ class Builder {
 
  private:
   char* address(const TensorSnapshot& s) const {
-    return static_cast<char*>(s.base) + s.geometry.offset * kItem;
+    return static_cast<char*>(s.base) + s.geometry.offset * p_.item;
   }
   // The slot at exactly ptr; -1: none; -2: ptr overlaps a slot without being it.
   int find_slot(const char* ptr) const {
-    const int64_t bytes = p_.numel * kItem;
+    const int64_t bytes = p_.numel * p_.item;
     for (size_t i = 0; i < p_.slots.size(); ++i) {
       const char* s = p_.slots[i].ptr;
       if (s == ptr) return static_cast<int>(i);
@@ -220,6 +226,8 @@ void Plan::clear() {
   scalars.clear();
   sizes.clear();
   numel = 0;
+  dtype = c10::ScalarType::Float;
+  item = 4;
   key.clear();
 }
 
@@ -265,7 +273,7 @@ void confirm_dead(Plan& p, const rt::GroupWindow& w, size_t grouped) {
   const bool whole_view = w.complete && w.queue;
   for (Plan::Slot& s : p.slots) {
     if (s.current == s.input || !p.value_dead[s.current]) continue;
-    if (!whole_view || may_read(w.next + grouped, w.n - grouped, s.ptr, p.numel * kItem))
+    if (!whole_view || may_read(w.next + grouped, w.n - grouped, s.ptr, p.numel * p.item))
       p.value_dead[s.current] = 0;
   }
   // (after the expiry checks: a kernel queued before an expiry is counted in submitted_seq)
@@ -302,7 +310,7 @@ Graph to_graph(const Plan& p, FusionGroup& group) {
   Graph g;
   const int values = static_cast<int>(p.value_slot.size());
   TensorMeta meta;
-  meta.dtype = c10::ScalarType::Float;
+  meta.dtype = p.dtype;
   meta.sizes = {SymExpr::constant(p.numel)};
   meta.strides = {SymExpr::constant(1)};
   for (int v = 0; v < values; ++v) {
@@ -312,7 +320,7 @@ Graph to_graph(const Plan& p, FusionGroup& group) {
     val.name = "v" + std::to_string(v);
   }
   group = FusionGroup{};
-  group.dtype = c10::ScalarType::Float;
+  group.dtype = p.dtype;
   group.may_alias = true;
   group.eager_split = true;
   for (size_t s = 0; s < p.scalars.size(); ++s) {

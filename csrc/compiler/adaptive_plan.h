@@ -49,8 +49,10 @@ struct Plan {
   std::vector<int> value_slot;         // per value: its slot
   std::vector<char> value_dead;        // per value: a new output nothing references any more
   std::vector<double> scalars;
-  std::vector<int64_t> sizes;          // of every operand (contiguous float32)
+  std::vector<int64_t> sizes;          // of every operand (contiguous, one dtype)
   int64_t numel = 0;
+  c10::ScalarType dtype = c10::ScalarType::Float;
+  int64_t item = 4;                    // bytes per element
   std::string key;                     // structure; scalars are arguments, not part of it
 
   void clear();

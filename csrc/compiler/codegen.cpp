@@ -87,6 +87,9 @@ static inline void nx_bf16_store(uint16_t* p, int64_t i, float f) {
   u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even, as c10::BFloat16
   p[i] = static_cast<uint16_t>(u >> 16);
 }
+static inline float nx_bf16_round(float f) {  // f rounded to bfloat16 (as a store and a load)
+  uint16_t b; nx_bf16_store(&b, 0, f); return nx_bf16_load(&b, 0);
+}
 template <typename T> static inline T nx_max(T a, T b) { return (a != a || b != b) ? a + b : (a > b ? a : b); }
 template <typename T> static inline T nx_min(T a, T b) { return (a != a || b != b) ? a + b : (a < b ? a : b); }
 template <typename T> static inline T nx_relu(T a) { return a > T(0) ? a : (a != a ? a : T(0)); }
@@ -150,8 +153,11 @@ std::map<int, std::string> emit_body(std::ostringstream& os, const Graph& g, con
       e = vec ? l.vexpr(ops) : l.expr(ops);
     }
     const std::string v = tag + "t" + std::to_string(t++);
-    os << "    const " << ty << " " << v << " = " << (vec ? "Vec(" + e + ")" : "static_cast<" + std::string(ct) + ">(" + e + ")")
-       << ";\n";
+    // Eager rounds every bfloat16 op's result to bfloat16 (group.eager_split: so do we).
+    const std::string value = vec ? "Vec(" + e + ")"
+                              : bf16 && group.eager_split ? "nx_bf16_round(" + e + ")"
+                                                          : "static_cast<" + std::string(ct) + ">(" + e + ")";
+    os << "    const " << ty << " " << v << " = " << value << ";\n";
     var[n.outputs[0]] = v;
   }
   for (const auto& [value, out] : b.stores) {

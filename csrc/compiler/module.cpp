@@ -193,6 +193,7 @@ void bind(py::module& parent) {
       d["not_lowered"] = not_lowered[static_cast<int>(i.not_lowered)];
       d["keep_whole"] = i.keep_whole;
       d["eager_exact"] = i.eager_exact;
+      d["eager_exact_bf16"] = i.eager_exact_bf16;
       d["scalar"] = static_cast<bool>(i.scalar);
       out.append(d);
     }

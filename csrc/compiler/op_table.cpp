@@ -130,7 +130,8 @@ void add_pointwise(Table& t) {
   for (OpId id : {OpId::kAdd, OpId::kSub, OpId::kAddScalar, OpId::kSubScalar, OpId::kMul, OpId::kMulScalar, OpId::kDiv,
                   OpId::kDivScalar, OpId::kNeg, OpId::kRelu, OpId::kMaximum, OpId::kMinimum,
                   OpId::kReciprocal, OpId::kRsqrt, OpId::kSilu})
-    at(t, id).eager_exact = true;
+    at(t, id).eager_exact = at(t, id).eager_exact_bf16 = true;
+  at(t, OpId::kRsqrt).eager_exact_bf16 = false;  // eager's bfloat16 rsqrt rounds otherwise
   for (OpId id : {OpId::kAdd, OpId::kSub, OpId::kAddScalar, OpId::kSubScalar}) at(t, id).exact_if_one = 2;
 }
 

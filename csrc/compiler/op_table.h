@@ -72,6 +72,7 @@ struct OpInfo {
   // the vector/scalar split (correctly rounded IEEE operations): the adaptive-eager tier fuses
   // only these, so that fused results are bitwise eager's (tests/test_adaptive.py checks each).
   bool eager_exact = false;
+  bool eager_exact_bf16 = false;  // ...also in bfloat16 (each result rounded to bfloat16)
   int exact_if_one = -1;       // ...when this operand (add/sub's alpha) is 1
   bool pointwise() const { return operands > 0 || id == OpId::kGelu; }
 };
