@@ -163,3 +163,23 @@ def test_upstream_chunked_run_keeps_finished_chunks_and_resumes(tmp_path):
     assert sorted(runs.read_text().split()) == ["2", "3"]
     assert again["outcomes"] == first["outcomes"]
     assert upstream.load_run(str(out), "test_fake.py", "cpu")["outcomes"] == first["outcomes"]
+
+
+def test_upstream_record_keeps_other_files_rows(tmp_path):
+    """A run of some files replaces their rows in the record behind the docs table and keeps the
+    other files' rows, each with the command and date of its own run."""
+    from torch_neuronx.conformance import upstream
+
+    c = {"cpu_pass": 4, "neuron_pass": 3, "cpu_only": 0, "missing": {"A::t": ["fail", "boom"]}}
+    run = lambda files, date: {"torch": "2.13.0", "date": date, "files": {  # noqa: E731
+        f: {"compare": c, "neuron": {"seconds": 1.0, "rc": 1}, "cpu": {"seconds": 1.0, "rc": 0}} for f in files}}
+    record = tmp_path / upstream.RECORD
+    upstream.merge_record(str(record), run(["test_ops.py", "test_x.py"], "d1"), "cmd1")
+    merged = upstream.merge_record(str(record), run(["test_x.py"], "d2"), "cmd2")
+    assert list(merged["files"]) == ["test_ops.py", "test_x.py"]
+    assert merged["files"]["test_ops.py"]["date"] == "d1" and merged["files"]["test_x.py"]["command"] == "cmd2"
+    md = upstream.markdown(merged, "cmd2")
+    assert "1. `cmd1` (torch 2.13.0, d1)" in md and "2. `cmd2` (torch 2.13.0, d2)" in md
+    assert "| `test_ops.py` | 4 | 3 | 75.0% | 0 | 1.0 s, exit 1 | [1] |" in md
+    assert "| `test_x.py` | 4 | 3 | 75.0% | 0 | 1.0 s, exit 1 | [2] |" in md
+    assert md.count("| `A::t` | fail | boom |") == 2
