@@ -53,6 +53,13 @@ class Builds {
     static auto* b = new Builds;  // (never destroyed: engines may use it until exit)
     return *b;
   }
+  // Builds waiting or running at most: a program whose groups vary (windows of every length)
+  // must not queue a compiler run per shape; a variant refused now is offered again when seen.
+  static constexpr int kMaxPending = 4;
+  bool full() {
+    std::lock_guard<std::mutex> lk(mu_);
+    return pending_ >= kMaxPending;
+  }
   void submit(std::shared_ptr<Variant> v, std::string source) {
     std::lock_guard<std::mutex> lk(mu_);
     jobs_.push_back({std::move(v), std::move(source)});
@@ -112,7 +119,8 @@ class Variants {
     static auto* v = new Variants;
     return *v;
   }
-  // The variant of p's structure; first sight creates it and starts its build.
+  // The variant of p's structure; first sight creates it and starts its build (unless the
+  // builder is busy: then the group runs unfused under a variant that is not kept).
   std::shared_ptr<Variant> find_or_build(const Plan& p) {
     {
       std::lock_guard<std::mutex> lk(mu_);
@@ -120,6 +128,11 @@ class Variants {
       if (it != map_.end()) return it->second;
     }
     auto v = std::make_shared<Variant>();
+    if (Builds::instance().full()) {
+      counters().builds_deferred++;
+      v->name = "adaptive_group";
+      return v;
+    }
     v->name = "adaptive_fused(";
     for (size_t i = 0; i < p.nodes.size(); ++i) {
       const c10::OperatorName& op = p.nodes[i].op->operator_name();

@@ -30,10 +30,10 @@ Mode mode();
 // Groups run as one generated kernel, groups run kernel by kernel (first sight, kernel still
 // building), ops inside fused groups, outputs of fused groups not written because nothing
 // referenced them any more, group structures seen, kernels built / found in the cache /
-// failed to build. Listed once (exported under these names).
+// failed to build, first sights not built because the builder was busy. Listed once (exported under these names).
 #define NEURONX_ADAPTIVE_COUNTERS(X) \
   X(groups_fused) X(groups_unfused) X(ops_fused) X(dead_not_written) X(variants) X(kernels_built) X(kernel_cache_hits) \
-  X(build_failures)
+  X(build_failures) X(builds_deferred)
 
 struct Metrics {
 #define NEURONX_FIELD(f) int64_t f = 0;
