@@ -1,6 +1,9 @@
 #include "compiler/adaptive_eager.h"
 
 #include <ATen/Parallel.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <array>
 #include <atomic>
@@ -78,6 +81,10 @@ class Builds {
     std::string source;
   };
   void loop() {
+    // Builds run behind the program, not beside it: on a machine with few cores a compiler run
+    // at normal priority takes a core from the host thread and the engine (nice is per thread on
+    // Linux, and the compiler processes this thread starts inherit it).
+    ::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 19);
     while (true) {
       Job job;
       {

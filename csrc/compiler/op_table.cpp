@@ -126,7 +126,8 @@ void add_pointwise(Table& t) {
   // (add/sub only with alpha 1: ATen's vector form of a + alpha*b is a fused multiply-add), and
   // silu, whose vector and scalar forms are ATen's (with eager's vector/scalar split).
   // exp, tanh, sigmoid, gelu, erf, sin, cos, log1p, pow and sqrt are not: ATen's kernels use other
-  // forms (tests/test_adaptive.py checks every op listed here; abs runs as abs.out in eager).
+  // forms (float32 gelu is oneDNN's JIT kernel, exp and the like MKL's vector math; tests/
+  // test_adaptive.py checks every op listed here; abs runs as abs.out in eager).
   for (OpId id : {OpId::kAdd, OpId::kSub, OpId::kAddScalar, OpId::kSubScalar, OpId::kMul, OpId::kMulScalar, OpId::kDiv,
                   OpId::kDivScalar, OpId::kNeg, OpId::kRelu, OpId::kMaximum, OpId::kMinimum,
                   OpId::kReciprocal, OpId::kRsqrt, OpId::kSilu})
