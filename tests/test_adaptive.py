@@ -3,6 +3,7 @@
 Groups form from what is queued when the engine takes a kernel; the tests queue a whole run
 behind a device-side sleep (``_C._sleep``) so that the engine sees all of it at once.
 """
+import os
 import subprocess
 import sys
 
@@ -110,6 +111,18 @@ def test_first_sight_runs_unfused_while_the_kernel_builds(adaptive):
     out = run_queued(fn, xd, bd)
     assert counts()["groups_fused"] == 1
     assert same_bits(out, fn(x, b))
+
+
+def test_kernel_builds_run_at_low_priority(adaptive):
+    """The builder thread (and so the compiler runs it starts) is at nice 19: a build must not
+    take a core from the program's host thread and engine."""
+    x = torch.randn(1000, device=DEV)
+    warm(lambda x: ((x * 3.0) - x).neg() * 0.5, x)
+    nice = []
+    for tid in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{tid}/stat") as f:
+            nice.append(int(f.read().rsplit(")", 1)[1].split()[16]))  # field 19: nice
+    assert 19 in nice and os.getpriority(os.PRIO_PROCESS, 0) == 0, nice
 
 
 def test_host_read_splits_the_group(adaptive):
@@ -259,8 +272,7 @@ def call(target, y, b):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-# One range; several threads' ranges, each with a tail; a size where gelu's kernel splits over
-# threads and the others' run as one range.
+# One range; several threads' ranges, each with a tail; a size just under two grains (one range).
 @pytest.mark.parametrize("numel", [37, 20_011, 1_000_013])
 def test_every_op_the_tier_fuses_rounds_as_eager(adaptive, numel, dtype):
     """The op table's eager_exact ops, each inside a group, bitwise equal to CPU eager (random and
