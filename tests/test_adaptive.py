@@ -113,6 +113,27 @@ def test_first_sight_runs_unfused_while_the_kernel_builds(adaptive):
     assert same_bits(out, fn(x, b))
 
 
+def test_a_cache_directory_others_can_write_stops_builds_not_the_program(adaptive, tmp_path, monkeypatch):
+    """Kernels are loaded from the cache directory, so one that is not private is not used: the
+    build fails, and the group keeps running op by op with the same results."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    cache.chmod(0o777)
+    monkeypatch.setenv("TORCH_NEURONX_CACHE_DIR", str(cache))
+    x, b = torch.randn(1000), torch.randn(1000)
+    xd, bd = x.to(DEV), b.to(DEV)
+    fn = lambda x, b: ((b - x) * x + 0.75).abs() * 5.0 - b  # noqa: E731 (a structure no other test has)
+    for _ in range(2):
+        run_queued(fn, xd, bd)
+    assert _C._compiler._adaptive_wait_for_builds(300)
+    failures = counts()["build_failures"]
+    torch_neuronx.reset_metrics()
+    out = run_queued(fn, xd, bd)
+    c = counts()
+    assert c["groups_fused"] == 0 and c["groups_unfused"] >= 1, c
+    assert same_bits(out, fn(x, b)) and failures >= 1 and not (cache / "kernels").exists()
+
+
 def test_kernel_builds_run_at_low_priority(adaptive):
     """The builder thread (and so the compiler runs it starts) is at nice 19: a build must not
     take a core from the program's host thread and engine."""

@@ -701,6 +701,58 @@ def test_corrupted_cache_entry_is_reported_once_and_rebuilt(tmp_path):
     assert again["kernels_built"] == 0 and again["kernel_cache_corrupt"] == 0
 
 
+def test_cache_files_are_user_only(tmp_path):
+    cache = tmp_path / "cache"
+    _result(_job(cache))
+    for d in (cache, cache / "kernels", cache / "graphs"):
+        assert stat.S_IMODE(d.stat().st_mode) == 0o700, d
+    libs, sums = list((cache / "kernels").glob("*.so")), list((cache / "kernels").glob("*.sum"))
+    assert libs and len(libs) == len(sums)
+    assert {stat.S_IMODE(p.stat().st_mode) for p in libs} == {0o700}
+    assert {stat.S_IMODE(p.stat().st_mode) for p in sums} == {0o600}
+
+
+def _refused(cache, why):
+    p = _job(cache)
+    _, err = p.communicate(timeout=300)
+    assert p.returncode != 0
+    assert "is not private" in err and why in err and "TORCH_NEURONX_CACHE_DIR" in err, err[-3000:]
+    assert not (cache / "kernels").exists()  # nothing written, nothing loaded
+
+
+def test_cache_directory_others_can_write_is_refused(tmp_path):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    cache.chmod(0o777)
+    _refused(cache, "can be written by other users (mode 0777)")
+    # Under a directory others can change (not sticky): they could swap the cache for their own.
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    _refused(shared / "cache", "can be changed by other users")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making a directory owned by another user needs root")
+def test_cache_directory_of_another_user_is_refused(tmp_path):
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    os.chown(cache, 65534, 65534)
+    _refused(cache, "belongs to another user (uid 65534)")
+
+
+def test_cache_entry_others_can_write_is_rebuilt_not_loaded(tmp_path):
+    cache = tmp_path / "cache"
+    _result(_job(cache))
+    libs = list((cache / "kernels").glob("*.so"))
+    for so in libs:
+        so.chmod(0o666)  # anyone could have replaced it
+    res, err = _result(_job(cache))
+    assert res["kernels_built"] >= len(libs) and err.count("is not private") == 1
+    assert {stat.S_IMODE(p.stat().st_mode) for p in libs} == {0o700}
+    again, _ = _result(_job(cache))
+    assert again["kernels_built"] == 0
+
+
 def test_two_processes_compiling_the_same_graph_both_succeed(tmp_path):
     cache = tmp_path / "cache"
     procs = [_job(cache) for _ in range(2)]

@@ -5,6 +5,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import textwrap
@@ -87,6 +88,83 @@ def test_segment_of_a_killed_process_is_cleaned_by_the_tools():
     info = json.loads(_tool("neuron-ls", "--json"))
     assert holder.pid not in [p["pid"] for c in info["cores"] for p in c["processes"]]
     assert not os.path.exists(_segment(holder.pid))
+
+
+def _start_with_segment(plant):
+    """HOLDER started after plant(path) put something at its segment's name (the pid is known
+    before the interpreter starts: sh waits for a line, then execs it in place)."""
+    p = subprocess.Popen(["sh", "-c", 'read x; exec "$0" -c "$1"', sys.executable, HOLDER], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True, env=_env())
+    plant(_segment(p.pid))
+    p.stdin.write("\n")
+    p.stdin.flush()
+    assert p.stdout.readline().strip() == "ready"
+    return p
+
+
+def _listed(pid):
+    return pid in [p["pid"] for c in json.loads(_tool("neuron-ls", "--json"))["cores"] for p in c["processes"]]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making a segment owned by another user needs root")
+def test_a_segment_another_user_made_under_our_name_is_left_alone():
+    planted = b"not ours" * 64
+
+    def plant(path):
+        with open(path, "wb") as f:
+            f.write(planted)
+        os.chmod(path, 0o666)
+        os.chown(path, 65534, 65534)
+
+    holder = _start_with_segment(plant)
+    path = _segment(holder.pid)
+    try:
+        # The process ran (its device works) and published nothing into the other user's file.
+        with open(path, "rb") as f:
+            assert f.read() == planted
+        assert os.stat(path).st_uid == 65534 and not _listed(holder.pid)
+    finally:
+        holder.communicate("\n", timeout=60)
+        os.unlink(path)
+    assert holder.returncode == 0
+
+
+def test_a_stale_segment_of_our_own_under_our_name_is_replaced():
+    def plant(path):
+        with open(path, "wb") as f:
+            f.write(b"stale" * 100)
+        os.chmod(path, 0o644)
+
+    holder = _start_with_segment(plant)
+    try:
+        assert stat.S_IMODE(os.stat(_segment(holder.pid)).st_mode) == 0o600 and _listed(holder.pid)
+    finally:
+        holder.communicate("\n", timeout=60)
+    assert not os.path.exists(_segment(holder.pid))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making a segment owned by another user needs root")
+def test_tools_read_a_segment_only_if_the_process_user_made_it():
+    from torch_neuronx.tools import telemetry
+
+    holder = _start(HOLDER)
+    other = subprocess.Popen(["sleep", "120"])
+    fake = _segment(other.pid)
+    try:
+        # A well-formed segment naming `other`, as anyone could write it.
+        data = bytearray(open(_segment(holder.pid), "rb").read())
+        data[16:24] = other.pid.to_bytes(8, "little", signed=True)
+        with open(fake, "wb") as f:
+            f.write(data)
+        assert other.pid in [s.pid for s in telemetry.read_processes(clean_stale=False)]
+        os.chown(fake, 65534, 65534)
+        assert other.pid not in [s.pid for s in telemetry.read_processes(clean_stale=False)]
+    finally:
+        other.kill()
+        other.wait(timeout=60)
+        holder.communicate("\n", timeout=60)
+        if os.path.exists(fake):
+            os.unlink(fake)
 
 
 def test_neuron_top_json_reports_throughput_of_a_training_process():

@@ -1,4 +1,5 @@
 #include "compiler/kernel_cache.h"
+#include "runtime/private_files.h"
 
 #include <dlfcn.h>
 #include <fcntl.h>
@@ -14,6 +15,8 @@
 #include <array>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <cerrno>
 #include <fstream>
 #include <mutex>
 #include <random>
@@ -56,9 +59,8 @@ std::string read_file(const std::string& path) {
 }
 
 void write_file(const std::string& path, const std::string& data) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  f << data;
-  TORCH_CHECK(f.good(), "torch_neuronx compiler: could not write ", path);
+  TORCH_CHECK(rt::write_private_file(path, data), "torch_neuronx compiler: could not write ", path, ": ",
+              std::strerror(errno));
 }
 
 bool exists(const std::string& p) { return ::access(p.c_str(), F_OK) == 0; }
@@ -68,21 +70,6 @@ std::string temp_name(const std::string& dir, const std::string& stem) {
   static std::mutex mu;
   std::lock_guard<std::mutex> g(mu);
   return dir + "/.tmp-" + std::to_string(::getpid()) + "-" + std::to_string(rng()) + "-" + stem;
-}
-
-// Creates every missing directory of `path` with mode 0700.
-void make_dirs(const std::string& path) {
-  std::string cur;
-  std::stringstream ss(path);
-  std::string part;
-  if (!path.empty() && path[0] == '/') cur = "/";
-  while (std::getline(ss, part, '/')) {
-    if (part.empty()) continue;
-    cur += part + "/";
-    if (::mkdir(cur.c_str(), 0700) != 0 && errno != EEXIST)
-      TORCH_CHECK(false, "torch_neuronx compiler: cannot create the cache directory ", cur, ": ",
-                  std::strerror(errno), ". Set TORCH_NEURONX_CACHE_DIR to a writable directory.");
-  }
 }
 
 std::once_flag g_corrupt_warned;
@@ -142,21 +129,35 @@ std::string KernelCache::directory() const {
   return std::string(home && *home ? home : "/tmp") + "/.cache/torch_neuronx";
 }
 
+std::string KernelCache::private_directory() const {
+  const std::string dir = directory();
+  const std::string why = rt::private_directory(dir);
+  TORCH_CHECK(why.empty(), "torch_neuronx compiler: the cache directory ", dir, " is not private (", why,
+              "). Compiled kernels and graphs are loaded back from it, so only you may be able to change it: "
+              "make it yours with mode 700 (chmod 700 ", dir, "), or set TORCH_NEURONX_CACHE_DIR to such a directory.");
+  return dir;
+}
+
 std::string KernelCache::hash(const std::string& data) const { return hash128(toolchain_key_ + "|" + data); }
 
 std::string KernelCache::build_one(const std::string& source, BuildStats& stats) {
-  const std::string dir = directory() + "/kernels";
-  make_dirs(dir);
+  const std::string dir = private_directory() + "/kernels";
+  const std::string why = rt::private_directory(dir);
+  TORCH_CHECK(why.empty(), "torch_neuronx compiler: the kernel cache ", dir, " is not private (", why,
+              "). Remove it, or set TORCH_NEURONX_CACHE_DIR to a directory only you can change.");
   const std::string key = hash(source);
   const std::string so = dir + "/" + key + ".so", sum = dir + "/" + key + ".sum";
   if (exists(so) && exists(sum)) {
-    if (read_file(sum) == hash128(read_file(so))) {
+    // Loaded only if this user wrote it and no one else can have changed it since.
+    const bool mine = rt::private_file(so) && rt::private_file(sum);
+    if (mine && read_file(sum) == hash128(read_file(so))) {
       stats.kernel_cache_hits++;
       return so;
     }
     std::call_once(g_corrupt_warned, [&] {
-      TORCH_WARN("torch_neuronx compiler: the cache entry ", so,
-                 " is corrupted or truncated (checksum mismatch); it is removed and rebuilt.");
+      TORCH_WARN("torch_neuronx compiler: the cache entry ", so, mine ? " is corrupted or truncated (checksum mismatch)"
+                                                                      : " is not private (another user wrote it, or others can change it)",
+                 "; it is removed and rebuilt.");
     });
     stats.kernel_cache_corrupt++;
     ::unlink(so.c_str());
@@ -172,6 +173,9 @@ std::string KernelCache::build_one(const std::string& source, BuildStats& stats)
     TORCH_CHECK(false, "torch_neuronx compiler: building a generated kernel failed:\n", log,
                 "\nSet TORCH_NEURONX_DEBUG_DIR to keep the generated source.");
   }
+  // User-only (the compiler made it with the umask's mode).
+  TORCH_CHECK(::chmod(tmp_so.c_str(), 0700) == 0, "torch_neuronx compiler: cannot set the mode of ", tmp_so, ": ",
+              std::strerror(errno));
   // The checksum goes in first: a reader that sees the .so also sees its checksum.
   const std::string tmp_sum = temp_name(dir, key + ".sum");
   write_file(tmp_sum, hash128(read_file(tmp_so)));

@@ -33,7 +33,11 @@ struct BuildStats {
 class KernelCache {
  public:
   static KernelCache& instance();
+  // TORCH_NEURONX_CACHE_DIR, default ~/.cache/torch_neuronx (the path only).
   std::string directory() const;
+  // directory(), created if missing and checked to be private (rt::private_directory); raises
+  // with what to do when it is not. Everything loaded back from the cache lives under it.
+  std::string private_directory() const;
   // Compiles (or loads) each unit's source; returns, per unit, the library
   // and its symbols by name (in `names[i]` order). Units build in parallel.
   std::vector<std::vector<KernelFn>> load(const std::vector<std::string>& sources,

@@ -10,6 +10,7 @@
 
 #include "backend/bindings.h"
 #include "compiler/adaptive_eager.h"
+#include "compiler/kernel_cache.h"
 #include "compiler/pipeline.h"
 
 namespace py = pybind11;
@@ -215,6 +216,9 @@ void bind(py::module& parent) {
              return r;
            });
   m.def("_compile_counters", &compile_counter_names);
+  m.def("_cache_dir", [] { return KernelCache::instance().private_directory(); },
+        "The compile cache's directory (TORCH_NEURONX_CACHE_DIR, default ~/.cache/torch_neuronx), created "
+        "user-only if missing; raises RuntimeError if another user can change it.");
   m.def("_set_execution_mode", [](const std::string& mode) {
     TORCH_CHECK(mode == "eager" || mode == "adaptive", "torch_neuronx.set_execution_mode: unknown mode '", mode,
                 "'; the modes are 'eager' and 'adaptive'");

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -45,8 +46,19 @@ void publish(int num_cores) {
   if (const char* v = std::getenv("TORCH_NEURONX_TELEMETRY"); v && std::strcmp(v, "0") == 0) return;
   const pid_t pid = getpid();
   const std::string name = segment_name(pid);
-  // User-only: other users' tools should not read our counters.
-  const int fd = shm_open(name.c_str(), O_CREAT | O_RDWR | O_TRUNC, 0600);
+  // User-only: other users' tools should not read our counters. The name is predictable, so a
+  // segment already there is used only if it is ours (left by an earlier process with this pid);
+  // one another user made is left alone, and this process publishes nothing.
+  int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0 && errno == EEXIST) {
+    struct stat st{};
+    const int old = shm_open(name.c_str(), O_RDONLY, 0);
+    const bool ours = old >= 0 && fstat(old, &st) == 0 && st.st_uid == geteuid();
+    if (old >= 0) close(old);
+    if (!ours) return;
+    shm_unlink(name.c_str());
+    fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  }
   if (fd < 0) return;
   if (ftruncate(fd, sizeof(Segment)) != 0) {
     close(fd);

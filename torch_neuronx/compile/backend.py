@@ -84,10 +84,12 @@ def _cache_key_tag():
 
 
 def cache_dir():
-    """The on-disk cache: ``TORCH_NEURONX_CACHE_DIR``, default ``~/.cache/torch_neuronx`` (as the
-    C++ kernel cache resolves it)."""
-    d = os.environ.get("TORCH_NEURONX_CACHE_DIR")
-    return d if d else os.path.join(os.environ.get("HOME") or "/tmp", ".cache", "torch_neuronx")
+    """The on-disk cache: ``TORCH_NEURONX_CACHE_DIR``, default ``~/.cache/torch_neuronx``, created
+    user-only (0700) if missing. Raises ``RuntimeError`` if another user could change it: compiled
+    kernels and graphs are loaded back from it."""
+    from .. import _C
+
+    return _C._compiler._cache_dir()
 
 
 @contextlib.contextmanager
@@ -95,7 +97,6 @@ def _graph_cache():
     """AOTAutograd keeps its cache under Inductor's cache directory; for the neuron backend's
     graphs that is ``<cache dir>/graphs`` (user-only), beside the kernels."""
     graphs = os.path.join(cache_dir(), "graphs")
-    os.makedirs(cache_dir(), mode=0o700, exist_ok=True)  # makedirs gives the mode to the leaf only
     os.makedirs(graphs, mode=0o700, exist_ok=True)
     before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = graphs

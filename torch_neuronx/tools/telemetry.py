@@ -1,8 +1,8 @@
 """Reader of the per-process counters the runtime publishes in POSIX shared memory.
 
-Each process using neuron devices owns ``/dev/shm/torch_neuronx.<pid>`` (layout:
-``csrc/runtime/telemetry.h``; this module mirrors it and checks its magic and
-version). Segments of processes that died without exiting cleanly are removed
+Each process using neuron devices owns ``/dev/shm/torch_neuronx.<pid>`` (mode 0600; layout:
+``csrc/runtime/telemetry.h``; this module mirrors it and checks its magic, version, and that the
+segment belongs to the process's user). Segments of processes that died without exiting cleanly are removed
 here.
 """
 import dataclasses
@@ -56,9 +56,19 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _read(path: str) -> Optional[ProcessSample]:
+def _owner(pid: int) -> Optional[int]:
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
+
+
+def _read(path: str, pid: int) -> Optional[ProcessSample]:
     try:
         with open(path, "rb") as f:
+            # Only a segment the process's own user made speaks for it (the name is predictable).
+            if os.fstat(f.fileno()).st_uid != _owner(pid):
+                return None
             data = f.read(SEGMENT_SIZE)
     except OSError:
         return None
@@ -94,7 +104,7 @@ def read_processes(clean_stale: bool = True) -> List[ProcessSample]:
                 except OSError:
                     pass
             continue
-        s = _read(path)
+        s = _read(path, pid)
         if s is not None and s.pid == pid:
             out.append(s)
     return sorted(out, key=lambda s: s.pid)
