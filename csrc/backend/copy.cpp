@@ -9,10 +9,12 @@
 //   events in both directions.
 #include "backend/copy.h"
 
+#include <ATen/ExpandUtils.h>
 #include <ATen/MemoryOverlap.h>
 #include <ATen/ops/copy.h>
 
 #include "backend/allocator.h"
+#include "backend/common.h"
 #include "backend/metrics.h"
 #include "backend/seen_values.h"
 #include "backend/tensor_views.h"
@@ -32,7 +34,11 @@ class CopyKernel final : public rt::Kernel {
   CopyKernel(const char* name, at::Tensor dst, at::Tensor src) : name_(name), dst_(std::move(dst)), src_(std::move(src)) {}
   void run() override {
     at::AutoDispatchBelowADInplaceOrView below;
-    dst_.copy_(src_);
+    try {
+      dst_.copy_(src_);
+    } catch (const c10::Error& e) {
+      throw rt::KernelError(e.what_without_backtrace(), static_cast<int>(kernel_error_kind(e)));
+    }
   }
   const char* name() const override { return name_; }
   bool may_touch(const void* p, size_t n) const override { return overlaps(dst_, p, n) || overlaps(src_, p, n); }
@@ -56,6 +62,13 @@ std::unique_ptr<rt::Kernel> copy_kernel(const char* name, at::Tensor dst, at::Te
 at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_blocking) {
   TORCH_CHECK(src.defined() && dst.defined(), "copy_: both tensors must be defined");
   copy_counters().native.fetch_add(1, std::memory_order_relaxed);
+  // Shapes are checked here, at the call, as CPU and CUDA check them (the copy itself runs later,
+  // and an empty destination copies nothing but still needs a source that broadcasts to it).
+  if (dst.sizes() != src.sizes()) {
+    const auto shape = at::infer_size_dimvector(dst.sizes(), src.sizes());
+    TORCH_CHECK(c10::IntArrayRef(shape) == dst.sizes(), "output with shape ", dst.sizes(),
+                " doesn't match the broadcast shape ", c10::IntArrayRef(shape));
+  }
   if (dst.numel() == 0) return dst;
   const bool src_dev = src.device().type() == kNeuron;
   const bool dst_dev = dst.device().type() == kNeuron;

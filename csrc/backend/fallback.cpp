@@ -457,10 +457,12 @@ void run_first_call(OpAnalysis& a, std::unique_ptr<OpKernel> k, const MetaResult
     run.done();
     a.mark_validated(dtype_key);
     mr.dtypes_validated.store(true, std::memory_order_relaxed);
-  } catch (const MetaMismatch&) {
+  } catch (const MetaMismatch& m) {
     // The op has run (inline, on the host); only our preallocated outputs
-    // had the wrong shape or layout. Adopt what the CPU kernel returned.
-    a.mark_validated(dtype_key);
+    // had the wrong shape or layout. Adopt what the CPU kernel returned. A wrong dtype is wrong
+    // for every shape of these operand dtypes: each new shape runs inline too (this one, from
+    // now on, synchronously).
+    if (!m.dtype) a.mark_validated(dtype_key);
     if (k->mode() == OpKernel::Mode::kOut) {
       // It wrote our buffers in the layout it restrided their aliases to.
       for (size_t r = 0; r < a.num_returns && r < k->outs().size(); ++r)
@@ -558,6 +560,10 @@ void launch(OpAnalysis& a, c10::ArrayRef<c10::IValue> args, const std::shared_pt
     translate([&] { q.launch(std::move(k)); });
     a.counters->async.fetch_add(1, std::memory_order_relaxed);
   } else {
+    // The first call runs the op the user called, whose result shows what CPU returns: an out=
+    // kernel accepts any dtype it can cast to (pow(bool, True) into the int64 the meta kernel
+    // predicts), so it cannot show a wrong prediction.
+    if (mode == OpKernel::Mode::kOut) k->set_mode(OpKernel::Mode::kFunctionalCopy);
     run_first_call(a, std::move(k), *mr, dtype_key, q, d, results);
   }
 }

@@ -108,19 +108,22 @@ void OpKernel::execute() {
                                   !same_layout(dst.sizes(), dst.strides(), src.sizes(), src.strides());
         if (!src.defined() || dst.sizes() != src.sizes() || dst.scalar_type() != src.scalar_type() ||
             (validating_ && other_layout)) {
-          // Only the layout differs: this signature runs synchronously from now on; else the whole op.
-          if (src.defined() && dst.sizes() == src.sizes() && dst.scalar_type() == src.scalar_type() && geometry_) {
+          // Only the layout or the dtype differs: this signature runs synchronously from now on
+          // (and the op learns layouts on first calls); else the whole op.
+          if (src.defined() && dst.sizes() == src.sizes() && geometry_) {
             geometry_->cpu_layout.store(true);
-            op_->layout_varies.store(true);
+            if (dst.scalar_type() == src.scalar_type()) op_->layout_varies.store(true);
           } else {
             op_->sync_only.store(true);
           }
           throw MetaMismatch(op_->name + ": the meta kernel predicted an output of shape " +
-                             c10::str(dst.sizes()) + " strides " + c10::str(dst.strides()) +
-                             " but the kernel produced " +
-                             (src.defined() ? c10::str(src.sizes()) + " strides " + c10::str(src.strides())
+                             c10::str(dst.sizes()) + " strides " + c10::str(dst.strides()) + " " +
+                             c10::toString(dst.scalar_type()) + " but the kernel produced " +
+                             (src.defined() ? c10::str(src.sizes()) + " strides " + c10::str(src.strides()) + " " +
+                                                  c10::toString(src.scalar_type())
                                             : std::string("none")) +
-                             "; this op now runs synchronously");
+                             "; it now runs synchronously",
+                             src.defined() && dst.scalar_type() != src.scalar_type());
         }
         // A queued call whose layout the meta kernel got wrong (channels_last
         // in, contiguous predicted): the values are right; later calls run

@@ -67,7 +67,8 @@ struct OpAnalysis {
 // The CPU kernel produced outputs of other shapes than the meta kernel
 // predicted: the op is moved to the synchronous path.
 struct MetaMismatch : std::runtime_error {
-  using std::runtime_error::runtime_error;
+  explicit MetaMismatch(const std::string& what, bool dtype = false) : std::runtime_error(what), dtype(dtype) {}
+  bool dtype;  // the dtype differs (the meta kernel's promotion is wrong for these operand dtypes)
 };
 
 class OpKernel final : public rt::Kernel {
@@ -105,6 +106,7 @@ class OpKernel final : public rt::Kernel {
   // A first call run inline: also check that the CPU kernel's output strides
   // are the ones the meta kernel predicted (they differ for some linalg/fft ops).
   void set_validating(bool v) { validating_ = v; }
+  void set_mode(Mode m) { mode_ = m; }
   // A neuron operand whose CPU alias is made when the kernel runs, on the engine's thread (which
   // then also destroys it): the host's per-op cost is a snapshot. It goes to args()[arg] (outs()
   // [-1 - arg] for outputs), or to position pos of the list there; the slot holds an undefined
