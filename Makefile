@@ -14,7 +14,7 @@ export CCACHE_BASEDIR ?= $(CURDIR)
 export CCACHE_NOHASHDIR ?= 1
 PYTEST_ARGS ?= -q
 
-.PHONY: all build demo test test-large test-runtime test-python test-conformance test-conformance-adaptive conformance hf-sweep bench bench-quick clean
+.PHONY: all build demo test test-large test-runtime test-python test-conformance test-conformance-adaptive conformance hf-sweep fuzz bench bench-quick clean
 
 all: build
 
@@ -81,6 +81,12 @@ conformance: build
 # The Hugging Face architecture sweep (~1 min on 2 cores): regenerates docs/hf_support.md.
 hf-sweep: build
 	$(PYTHON) -m torch_neuronx.hf_sweep --jobs 2 --out build/hf-sweep --docs docs/hf_support.md
+
+# The op fuzzer's long run (make test runs 4,000 cases of seed 0): SEEDS seeds of 20,000 cases,
+# each case on CPU and on neuron; a failure prints its seed and index (fuzz_ops.py --start).
+SEEDS ?= 1 2 3 4 5
+fuzz: build
+	@for s in $(SEEDS); do $(PYTHON) tests/reliability/fuzz_ops.py --cases 20000 --seed $$s || exit 1; done
 
 # Full benchmark (~10 min on 2 cores): regenerates docs/performance.md.
 bench: build

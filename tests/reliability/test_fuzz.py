@@ -1,0 +1,62 @@
+"""The op fuzzer's fast part (``fuzz_ops.py``; ``make fuzz`` runs the long one), and the cases it
+found, shrunk to regression tests."""
+import pytest
+import torch
+
+import torch_neuronx  # noqa: F401
+import fuzz_ops
+
+DEV = "neuron"
+
+
+def test_fuzz_cases_match_cpu():
+    s = fuzz_ops.run(seed=0, cases=4000)
+    print(f"{s['cases']} cases ({s['cpu_raised']} where CPU raises) in {s['seconds']:.1f} s; {s['families']}")
+    assert not s["failures"], "\n".join(f"{f['index']}: {f['case']}: {f['problem']}" for f in s["failures"][:20])
+    # The mechanism ran: every family, invalid input that CPU rejects, large and 0-size shapes.
+    assert min(s["families"].values()) > 300 and s["cpu_raised"] > 400
+    words = " ".join(fuzz_ops.make_case(0, i).words for i in range(4000))
+    for seen in ("[0", "300001", "transposed", "expanded", "permuted", "offset", "cpu-scalar", "[invalid]"):
+        assert seen in words, seen
+
+
+def test_fuzzer_reports_a_wrong_result_an_error_and_a_missing_error(monkeypatch):
+    """A divergence planted on the neuron side is found, whichever kind it is."""
+    case = fuzz_ops.Case("binary", torch.add, [fuzz_ops.T(torch.ones(3), lambda t: t, "x"),
+                                               fuzz_ops.T(torch.ones(3), lambda t: t, "y")], "add")
+    monkeypatch.setattr(fuzz_ops, "make_case", lambda seed, i: case)
+    real_run = fuzz_ops._run
+
+    def wrong(c, device):
+        out, err = real_run(c, device)
+        return ([out[0] + (device != "cpu")], err) if out else (out, err)
+
+    monkeypatch.setattr(fuzz_ops, "_run", wrong)
+    assert "not close" in fuzz_ops.run(0, 1)["failures"][0]["problem"]
+    monkeypatch.setattr(fuzz_ops, "_run", lambda c, d: (None, IndexError("x")) if d != "cpu" else real_run(c, d))
+    assert "neuron raised IndexError" in fuzz_ops.run(0, 1)["failures"][0]["problem"]
+    monkeypatch.setattr(fuzz_ops, "_run", lambda c, d: (None, ValueError("x")) if d == "cpu" else real_run(c, d))
+    assert "neuron did not" in fuzz_ops.run(0, 1)["failures"][0]["problem"]
+
+
+# Found by the fuzzer (seed 1 case 15369; seed 2 case 10339, seed 5 case 10905).
+
+def test_copy_between_shapes_that_do_not_broadcast_raises_at_the_call_even_when_empty():
+    for dst_shape, src_shape in (((5, 8, 0), (6, 8, 0)), ((5, 8), (6, 8)), ((8,), (2, 8))):
+        dst, src = torch.empty(dst_shape, device=DEV), torch.empty(src_shape, device=DEV)
+        with pytest.raises(RuntimeError) as cpu:
+            torch.empty(dst_shape).copy_(torch.empty(src_shape))
+        with pytest.raises(RuntimeError) as neuron:  # at the call, as on CPU and CUDA: no synchronize
+            dst.copy_(src)
+        assert str(neuron.value).split("\n")[0] == str(cpu.value).split("\n")[0]
+        with pytest.raises(RuntimeError, match="must match|broadcast shape"):
+            dst.copy_(src.cpu())  # host -> device checks the same
+    torch.neuron.synchronize()  # nothing was queued that fails later
+
+
+def test_a_result_dtype_the_meta_kernel_gets_wrong_is_cpus_for_every_shape():
+    # pow(bool, True) is bool on CPU; its meta kernel says int64.
+    for shape in ((5, 3), (3, 1, 8, 33), (7,), (5, 3)):
+        x = torch.rand(shape) < 0.5
+        got = torch.pow(x.to(DEV), True)
+        assert got.dtype == torch.bool and torch.equal(got.cpu(), torch.pow(x, True))
