@@ -6,6 +6,7 @@ fresh interpreter. All of them are started together (module fixture) to keep the
 """
 import json
 import os
+import warnings
 import subprocess
 import sys
 import textwrap
@@ -412,6 +413,14 @@ def test_forked_child_gets_clear_error_not_a_hang():
             except RuntimeError as e:
                 msg = "RuntimeError: " + str(e)
             msg += f"|bad_fork={torch.neuron._is_in_bad_fork()}|initialized={torch.neuron.is_initialized()}"
+            # The error says why; the device guard restoring the device says nothing more.
+            with warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")
+                try:
+                    torch.ones(2, device="neuron") + 1
+                except RuntimeError:
+                    pass
+            msg += f"|warnings={[str(x.message)[:200] for x in seen]}"
             os.write(w, msg.encode())
         finally:
             os._exit(0)
@@ -430,7 +439,7 @@ def test_forked_child_gets_clear_error_not_a_hang():
         msg = f.read()
     assert msg.startswith("RuntimeError: "), msg
     assert "forked subprocess" in msg and "spawn" in msg
-    assert "|bad_fork=True|initialized=False" in msg
+    assert "|bad_fork=True|initialized=False" in msg and "|warnings=[]" in msg, msg
     # The parent is unaffected.
     assert torch.equal((torch.arange(3, device="neuron") + 1).cpu(), torch.arange(1, 4))
 

@@ -40,8 +40,13 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   void uncheckedSetDevice(c10::Device d) const noexcept override {
     // Called from guard destructors, which must not throw: warn instead, as
     // CUDA's guard does (C10_CUDA_CHECK_WARN).
+    // In a child forked after the device was initialised the op itself raised why; restoring
+    // the device there has nothing to restore and would only repeat it.
+    if (rt::in_bad_fork()) return;
     try {
       set_current_device(d.index());
+    } catch (const c10::Error& e) {
+      TORCH_WARN("neuron: could not restore the current device to ", d, ": ", e.what_without_backtrace());
     } catch (const std::exception& e) {
       TORCH_WARN("neuron: could not restore the current device to ", d, ": ", e.what());
     }
