@@ -701,6 +701,21 @@ def test_corrupted_cache_entry_is_reported_once_and_rebuilt(tmp_path):
     assert again["kernels_built"] == 0 and again["kernel_cache_corrupt"] == 0
 
 
+def test_a_prologue_value_the_epilogue_reads_is_computed_again_in_the_row_group():
+    # Found by the compile fuzzer (tests/reliability/fuzz_compile.py, seed 2 graph 7): x.abs() + 1
+    # does not depend on the softmax, so it went to the row kernel's first phase only, and the
+    # phase after the softmax read a value it never had (IndexError: map::at at compile time).
+    def fn(x, b):
+        y = torch.softmax(x - b, -1)
+        return torch.sigmoid(y / (x.abs() + 1))
+
+    for shape in ((1, 16), (8, 33)):
+        x, b = torch.randn(*shape), torch.randn(shape[-1])
+        got = torch.compile(fn, backend="neuron")(x.to("neuron"), b.to("neuron"))
+        torch.testing.assert_close(got.cpu(), fn(x, b), rtol=1e-5, atol=1e-6)
+    assert compile_metrics()["fused_row_groups"] >= 1
+
+
 def test_cache_files_are_user_only(tmp_path):
     cache = tmp_path / "cache"
     _result(_job(cache))

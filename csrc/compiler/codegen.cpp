@@ -274,6 +274,22 @@ class RowKernel {
       if (dep) after_.insert(g_.nodes[ni].outputs[0]);
       (dep ? epi_ : pro_).nodes.push_back(ni);
     }
+    // Prologue values the epilogue reads are not kept between the phases: the epilogue computes
+    // them again (with what they read from the prologue), in the group's order.
+    std::set<int> need, again;
+    for (int ni : epi_.nodes)
+      for (const auto& a : g_.nodes[ni].args) for_each_value(a, [&](int v) { need.insert(v); });
+    for (auto it = pro_.nodes.rbegin(); it != pro_.nodes.rend(); ++it) {
+      if (!need.count(g_.nodes[*it].outputs[0])) continue;
+      again.insert(*it);
+      for (const auto& a : g_.nodes[*it].args) for_each_value(a, [&](int v) { need.insert(v); });
+    }
+    if (again.empty()) return;
+    std::vector<int> nodes;
+    for (int ni : group_.nodes)
+      if (again.count(ni) || std::find(epi_.nodes.begin(), epi_.nodes.end(), ni) != epi_.nodes.end())
+        nodes.push_back(ni);
+    epi_.nodes = std::move(nodes);
   }
 
   bool reads(const Body& b, int v) const {
