@@ -82,11 +82,13 @@ conformance: build
 hf-sweep: build
 	$(PYTHON) -m torch_neuronx.hf_sweep --jobs 2 --out build/hf-sweep --docs docs/hf_support.md
 
-# The op fuzzer's long run (make test runs 4,000 cases of seed 0): SEEDS seeds of 20,000 cases,
-# each case on CPU and on neuron; a failure prints its seed and index (fuzz_ops.py --start).
+# The fuzzers' long runs (make test runs 4,000 op cases and 12 graphs of seed 0): per seed in SEEDS,
+# 20,000 op cases (CPU vs neuron) and 100 compiled graphs (vs CPU eager); a failure prints its
+# seed and index (--start reruns it).
 SEEDS ?= 1 2 3 4 5
 fuzz: build
-	@for s in $(SEEDS); do $(PYTHON) tests/reliability/fuzz_ops.py --cases 20000 --seed $$s || exit 1; done
+	@for s in $(SEEDS); do $(PYTHON) tests/reliability/fuzz_ops.py --cases 20000 --seed $$s || exit 1; \
+	  $(PYTHON) tests/reliability/fuzz_compile.py --graphs 100 --seed $$s || exit 1; done
 
 # Full benchmark (~10 min on 2 cores): regenerates docs/performance.md.
 bench: build

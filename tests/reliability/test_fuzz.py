@@ -1,5 +1,6 @@
-"""The op fuzzer's fast part (``fuzz_ops.py``; ``make fuzz`` runs the long one), and the cases it
-found, shrunk to regression tests."""
+"""The fuzzers' fast parts (``fuzz_ops.py`` for eager ops, ``fuzz_compile.py`` for compiled graphs;
+``make fuzz`` runs the long ones), and the eager cases they found, shrunk to regression tests (the
+compiled one is in tests/test_compile.py)."""
 import pytest
 import torch
 
@@ -60,3 +61,12 @@ def test_a_result_dtype_the_meta_kernel_gets_wrong_is_cpus_for_every_shape():
         x = torch.rand(shape) < 0.5
         got = torch.pow(x.to(DEV), True)
         assert got.dtype == torch.bool and torch.equal(got.cpu(), torch.pow(x, True))
+
+
+def test_compiled_random_graphs_match_cpu_eager(tmp_path, monkeypatch):
+    import fuzz_compile
+
+    monkeypatch.setenv("TORCH_NEURONX_CACHE_DIR", str(tmp_path))
+    s = fuzz_compile.run(seed=0, graphs=12)
+    assert not s["failures"], "\n".join(f"{f['index']}: {f['graph']}: {f['problem']}" for f in s["failures"])
+    assert s["graphs"] == 12
