@@ -4,7 +4,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
+#include <stdexcept>
 #include <fstream>
 #include <string>
 
@@ -18,7 +21,9 @@ struct TempDir {
   std::string path;
   TempDir() {
     char tmpl[] = "/tmp/nx-private-XXXXXX";
-    path = ::mkdtemp(tmpl);
+    const char* made = ::mkdtemp(tmpl);
+    if (!made) throw std::runtime_error(std::string("mkdtemp: ") + std::strerror(errno));
+    path = made;
   }
   ~TempDir() { std::system(("rm -rf '" + path + "'").c_str()); }
 };
