@@ -6,6 +6,7 @@ torch`` registers the device through the ``torch.backends`` entry point; this
 package never needs to be imported by user code.
 """
 import atexit as _atexit
+import sys as _sys
 import os as _os
 
 
@@ -98,13 +99,18 @@ def reset_metrics():
 def _shutdown():
     # Let queued work finish before the interpreter tears down tensors it uses;
     # collectives complete on threads that must not outlive the interpreter's Python objects.
+    # Leaving after Ctrl-C, kernels not yet started are dropped instead (the one running ends):
+    # the user asked to stop, and nothing can read their results any more.
     _C._distributed._drain(30.0)
     _C._distributed._shutdown()
     if _C._is_initialized() and not _C._in_bad_fork():
+        if isinstance(getattr(_sys, "last_value", None), KeyboardInterrupt):
+            for d in range(_C._device_count()):
+                _C._discard_pending(d)
         _quiesce_autograd_device_threads()  # first: it queues kernels the synchronize below waits for
         for d in range(_C._device_count()):
             try:
-                _C._synchronize(d)
+                _C._synchronize(d, interruptible=False)
             except RuntimeError:
                 pass
 

@@ -95,11 +95,24 @@ PYBIND11_MODULE(_C, m) {
   m.def("_init", [] { at::detail::getPrivateUse1Hooks().init(); });
   m.def("_current_device", [] { return static_cast<int>(current_device()); });
   m.def("_set_device", [](int d) { set_current_device(static_cast<c10::DeviceIndex>(d)); });
-  m.def("_synchronize", [](int d) {
-    py::gil_scoped_release nogil;
+  // Interruptible from the main thread: Ctrl-C raises KeyboardInterrupt within a slice while the
+  // queued work goes on (CUDA's blocking synchronize is not; a user waiting on a long queue can
+  // leave). The exit path waits without slices.
+  m.def("_synchronize", [](int d, bool interruptible) {
     rt::Device& dev = runtime_device(d);
+    while (interruptible) {
+      bool idle;
+      {
+        py::gil_scoped_release nogil;
+        idle = dev.wait_idle_for(50'000'000);
+      }
+      if (idle) break;
+      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+    }
+    py::gil_scoped_release nogil;
     translate([&] { dev.synchronize(); });
-  });
+  }, py::arg("device"), py::arg("interruptible") = true);
+  m.def("_discard_pending", [](int d) { runtime_device(d).discard_pending(); });
   m.def("_device_properties", [](int d) {
     rt::Device& dev = runtime_device(d);
     py::dict p;

@@ -1,9 +1,11 @@
 #include "runtime/device.h"
 
+#include "runtime/event.h"
 #include "runtime/telemetry.h"
 
 #include <pthread.h>
 
+#include <algorithm>
 #include <atomic>
 #include <optional>
 
@@ -63,6 +65,18 @@ void Device::synchronize() {
     }
   }
   if (first) throw *first;
+}
+
+bool Device::wait_idle_for(int64_t timeout_ns) {
+  const int64_t deadline = now_ns() + timeout_ns;
+  for (Queue* q : live_queues())
+    if (!q->wait_idle_for(std::max<int64_t>(0, deadline - now_ns()))) return false;
+  return true;
+}
+
+void Device::discard_pending() {
+  for (Queue* q : live_queues())
+    if (q != collective_.get()) q->discard_pending();
 }
 
 namespace {

@@ -41,6 +41,10 @@ class Device {
 
   // Waits for every queue; throws the first recorded failure (clearing it).
   void synchronize();
+  // Waits at most timeout_ns for every queue to go idle; true if they did (errors stay).
+  bool wait_idle_for(int64_t timeout_ns);
+  // Queue::discard_pending on every compute queue (not collectives: peers wait for them).
+  void discard_pending();
 
  private:
   const int index_, physical_;

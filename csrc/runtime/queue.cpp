@@ -224,6 +224,23 @@ void Queue::wait_idle() {
   engine_->release_finished(lk);
 }
 
+bool Queue::wait_idle_for(int64_t timeout_ns) {
+  BlockingScope blocking;
+  std::unique_lock<std::mutex> lk(engine_->mu_);
+  const uint64_t target = submitted_.load();
+  engine_->sync_waiters_++;
+  const bool done = engine_->done_cv_.wait_for(lk, std::chrono::nanoseconds(timeout_ns),
+                                               [&] { return completed_ >= target; });
+  engine_->sync_waiters_--;
+  if (done) engine_->release_finished(lk);
+  return done;
+}
+
+void Queue::discard_pending() {
+  std::lock_guard<std::mutex> lk(engine_->mu_);
+  discarding_ = true;
+}
+
 bool Queue::query() const {
   std::lock_guard<std::mutex> lk(engine_->mu_);
   return completed_ >= submitted_;
@@ -412,8 +429,9 @@ void Engine::loop() {
     telemetry::CoreCounters* counters = telemetry::core(device_);
     if (counters) counters->started.fetch_add(1, std::memory_order_relaxed);
     std::shared_ptr<const TaskError> poisoned = q->error_;
+    const bool discard = q->discarding_;
     size_t grouped = 0;
-    if (task.kind == Task::Kind::kKernel && !poisoned && g_grouper.load(std::memory_order_relaxed))
+    if (task.kind == Task::Kind::kKernel && !poisoned && !discard && g_grouper.load(std::memory_order_relaxed))
       grouped = offer_group(lk, q, task);
     else
       lk.unlock();
@@ -424,7 +442,7 @@ void Engine::loop() {
     std::shared_ptr<const TaskError> new_error;
     switch (task.kind) {
       case Task::Kind::kKernel:
-        if (poisoned) {
+        if (poisoned || discard) {
           skipped = true;  // outputs of work after a failure are undefined until it is reported
         } else {
           try {

@@ -140,6 +140,12 @@ class Queue {
   void synchronize();   // waits for everything submitted so far; reports errors
   void wait_idle();     // waits likewise but leaves any error for the next synchronize()
   bool query() const;   // true when idle
+  // Waits at most timeout_ns for everything submitted so far; true when it all ran (errors stay
+  // for synchronize()). A host thread waiting in slices can look at signals in between.
+  bool wait_idle_for(int64_t timeout_ns);
+  // Kernels not yet started, and any queued later, are skipped (their outputs are left as they
+  // are); event records and waits still complete. For a process leaving after an interrupt.
+  void discard_pending();
   size_t pending() const;
   // The queue's position, read without locks: tasks are numbered 1, 2, ... as submitted and
   // complete in order, so "completed_seq() >= n" means task n and everything before it ran.
@@ -173,6 +179,7 @@ class Queue {
   alignas(64) std::atomic<uint64_t> completed_{0};
   uint64_t last_served_ = 0;     // guarded by engine_->mu_
   bool running_ = false;         // guarded by engine_->mu_
+  bool discarding_ = false;      // guarded by engine_->mu_
   std::shared_ptr<const TaskError> error_;  // guarded by engine_->mu_
 };
 

@@ -75,6 +75,45 @@ TEST(Queue, SynchronizeWaitsForRunningWork) {
   EXPECT_TRUE(q.query());
 }
 
+TEST(Queue, WaitIdleForReturnsAtItsTimeoutOrWhenIdle) {
+  SKIP_IF_LAUNCH_BLOCKING();
+  Rig rig;
+  rt::Queue& q = rig.add(0);
+  std::atomic<bool> release{false};
+  q.launch(fn("gate", [&] {
+    while (!release) std::this_thread::sleep_for(1ms);
+  }));
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_FALSE(q.wait_idle_for(20'000'000));  // 20 ms: the gate is still closed
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, 20ms);
+  release = true;
+  EXPECT_TRUE(q.wait_idle_for(10'000'000'000));
+  EXPECT_TRUE(q.query());
+}
+
+TEST(Queue, DiscardPendingSkipsKernelsNotStartedButCompletesEvents) {
+  SKIP_IF_LAUNCH_BLOCKING();
+  Rig rig;
+  rt::Queue& q = rig.add(0);
+  std::atomic<bool> release{false}, started{false};
+  std::atomic<int> ran{0};
+  q.launch(fn("running", [&] {
+    started = true;
+    while (!release) std::this_thread::sleep_for(1ms);
+    ran++;
+  }));
+  for (int i = 0; i < 100; ++i) q.launch(fn("queued", [&] { ran++; }));
+  auto ev = rt::Event::create(false);
+  ev->record(q);
+  while (!started) std::this_thread::sleep_for(1ms);
+  q.discard_pending();
+  q.launch(fn("later", [&] { ran++; }));
+  release = true;
+  q.synchronize();  // no error: dropping is not a failure
+  EXPECT_EQ(ran.load(), 1);  // only the kernel that was running
+  EXPECT_TRUE(ev->query());
+}
+
 TEST(Queue, QueryPendingAndInspectWhileBlocked) {
   SKIP_IF_LAUNCH_BLOCKING();
   Rig rig;
