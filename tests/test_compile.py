@@ -701,6 +701,41 @@ def test_corrupted_cache_entry_is_reported_once_and_rebuilt(tmp_path):
     assert again["kernels_built"] == 0 and again["kernel_cache_corrupt"] == 0
 
 
+def _read_only_job(cache, mount, scratch):
+    """cache_job.py with `mount` made a read-only file system (a bind mount in a mount namespace
+    of its own: unshare -m as root, a user namespace otherwise)."""
+    unshare = ["unshare", "-m"] if os.geteuid() == 0 else ["unshare", "-rm"]
+    probe = subprocess.run([*unshare, "sh", "-c", f"mount --bind '{mount}' '{mount}'"], capture_output=True, text=True)
+    if probe.returncode:
+        pytest.skip(f"cannot make a read-only mount here (needs mount namespaces): {probe.stderr.strip()}")
+    env = {**os.environ, "TORCH_NEURONX_CACHE_DIR": str(cache), "TORCHINDUCTOR_FORCE_DISABLE_CACHES": "0",
+           "TMPDIR": str(scratch)}
+    script = (f"mount --bind '{mount}' '{mount}' && mount -o remount,bind,ro '{mount}' && "
+              f"touch '{mount}/probe' 2>/dev/null && exit 99; exec '{sys.executable}' '{JOB}'")
+    p = subprocess.Popen([*unshare, "sh", "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=env)
+    res, err = _result(p)
+    return res, err
+
+
+def test_a_read_only_cache_serves_its_kernels_and_new_ones_build_for_the_process(tmp_path):
+    cache, scratch = tmp_path / "cache", tmp_path / "scratch"
+    scratch.mkdir()
+    _result(_job(cache))  # warm
+    warm, err = _read_only_job(cache, cache, scratch)
+    assert warm["kernels_built"] == 0 and warm["kernel_cache_hits"] >= 1, warm  # read from the read-only cache
+    assert err.count("cannot be written") == 1 and "Read-only file system" in err
+    # A cache directory that does not exist under a read-only parent: everything compiles, in
+    # a scratch directory of the process that is gone after it exits.
+    parent = tmp_path / "ro"
+    parent.mkdir()
+    cold, err = _read_only_job(parent / "cache", parent, scratch)
+    assert cold["kernels_built"] >= 1 and cold["compiles"] >= 1, cold
+    assert err.count("cannot be written") == 1
+    assert not list(scratch.iterdir()), list(scratch.iterdir())
+    assert not (parent / "cache").exists()
+
+
 def test_a_prologue_value_the_epilogue_reads_is_computed_again_in_the_row_group():
     # Found by the compile fuzzer (tests/reliability/fuzz_compile.py, seed 2 graph 7): x.abs() + 1
     # does not depend on the softmax, so it went to the row kernel's first phase only, and the

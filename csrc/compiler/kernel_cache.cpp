@@ -17,7 +17,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <cerrno>
+#include <filesystem>
 #include <fstream>
+#include <optional>
 #include <mutex>
 #include <random>
 #include <set>
@@ -131,6 +133,7 @@ std::string KernelCache::directory() const {
 
 std::string KernelCache::private_directory() const {
   const std::string dir = directory();
+  if (const std::string why = unwritable(dir); !why.empty()) return scratch_directory(dir, why);
   const std::string why = rt::private_directory(dir);
   TORCH_CHECK(why.empty(), "torch_neuronx compiler: the cache directory ", dir, " is not private (", why,
               "). Compiled kernels and graphs are loaded back from it, so only you may be able to change it: "
@@ -138,31 +141,88 @@ std::string KernelCache::private_directory() const {
   return dir;
 }
 
+std::string KernelCache::unwritable(const std::string& dir) {
+  // The directory, or else its nearest existing ancestor (where it would be created).
+  std::string cur = dir;
+  struct stat st{};
+  while (::stat(cur.c_str(), &st) != 0 && errno == ENOENT) {
+    const auto slash = cur.find_last_of('/');
+    if (slash == std::string::npos || slash == 0) {
+      cur = slash == 0 ? "/" : ".";
+      break;
+    }
+    cur.resize(slash);
+  }
+  if (::access(cur.c_str(), W_OK | X_OK) == 0) return "";
+  return cur + ": " + std::strerror(errno);
+}
+
+std::string KernelCache::scratch_directory(const std::string& read_only, const std::string& why_read_only) const {
+  static std::once_flag once;
+  static std::string scratch;
+  static pid_t owner = 0;
+  std::call_once(once, [&] {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string templ = std::string(tmp && *tmp ? tmp : "/tmp") + "/torch_neuronx-" + std::to_string(::getpid()) +
+                        "-XXXXXX";
+    TORCH_CHECK(::mkdtemp(templ.data()), "torch_neuronx compiler: the cache directory ", read_only,
+                " cannot be written and no scratch directory could be made under ", templ, ": ",
+                std::strerror(errno), ". Set TORCH_NEURONX_CACHE_DIR to a writable directory.");
+    scratch = templ;
+    owner = ::getpid();
+    // Kernels of this process stay mapped after their files are gone; nothing else reads them.
+    // A forked child that exits normally runs this too: only the creator removes it.
+    std::atexit([] {
+      std::error_code ec;
+      if (::getpid() == owner) std::filesystem::remove_all(scratch, ec);
+    });
+    TORCH_WARN("torch_neuronx compiler: the cache directory ", read_only, " cannot be written (",
+               why_read_only, "). Kernels found there are used; kernels and graphs "
+               "compiled now are kept for this process only (in ", scratch, ", removed at exit). Set "
+               "TORCH_NEURONX_CACHE_DIR to a writable directory to keep them.");
+  });
+  const std::string why = rt::private_directory(scratch);
+  TORCH_CHECK(why.empty(), "torch_neuronx compiler: the scratch directory ", scratch, " is not private (", why, ").");
+  return scratch;
+}
+
 std::string KernelCache::hash(const std::string& data) const { return hash128(toolchain_key_ + "|" + data); }
 
+std::optional<std::string> KernelCache::cached(const std::string& dir, const std::string& key, bool may_remove,
+                                               BuildStats& stats) const {
+  const std::string so = dir + "/" + key + ".so", sum = dir + "/" + key + ".sum";
+  if (!exists(so) || !exists(sum)) return std::nullopt;
+  // Loaded only if this user wrote it and no one else can have changed it since.
+  const bool mine = rt::private_file(so) && rt::private_file(sum);
+  if (mine && read_file(sum) == hash128(read_file(so))) {
+    stats.kernel_cache_hits++;
+    return so;
+  }
+  std::call_once(g_corrupt_warned, [&] {
+    TORCH_WARN("torch_neuronx compiler: the cache entry ", so, mine ? " is corrupted or truncated (checksum mismatch)"
+                                                                    : " is not private (another user wrote it, or others can change it)",
+               may_remove ? "; it is removed and rebuilt." : "; it is rebuilt for this process (the cache is read-only).");
+  });
+  stats.kernel_cache_corrupt++;
+  if (may_remove) {
+    ::unlink(so.c_str());
+    ::unlink(sum.c_str());
+  }
+  return std::nullopt;
+}
+
 std::string KernelCache::build_one(const std::string& source, BuildStats& stats) {
+  const std::string home = directory() + "/kernels";
   const std::string dir = private_directory() + "/kernels";
   const std::string why = rt::private_directory(dir);
   TORCH_CHECK(why.empty(), "torch_neuronx compiler: the kernel cache ", dir, " is not private (", why,
               "). Remove it, or set TORCH_NEURONX_CACHE_DIR to a directory only you can change.");
   const std::string key = hash(source);
+  // A read-only cache still serves the kernels it holds, if it is private.
+  if (dir != home && exists(home) && rt::private_directory(home).empty())
+    if (auto hit = cached(home, key, /*may_remove=*/false, stats)) return *hit;
+  if (auto hit = cached(dir, key, /*may_remove=*/true, stats)) return *hit;
   const std::string so = dir + "/" + key + ".so", sum = dir + "/" + key + ".sum";
-  if (exists(so) && exists(sum)) {
-    // Loaded only if this user wrote it and no one else can have changed it since.
-    const bool mine = rt::private_file(so) && rt::private_file(sum);
-    if (mine && read_file(sum) == hash128(read_file(so))) {
-      stats.kernel_cache_hits++;
-      return so;
-    }
-    std::call_once(g_corrupt_warned, [&] {
-      TORCH_WARN("torch_neuronx compiler: the cache entry ", so, mine ? " is corrupted or truncated (checksum mismatch)"
-                                                                      : " is not private (another user wrote it, or others can change it)",
-                 "; it is removed and rebuilt.");
-    });
-    stats.kernel_cache_corrupt++;
-    ::unlink(so.c_str());
-    ::unlink(sum.c_str());
-  }
   const std::string src = temp_name(dir, key + ".cpp"), tmp_so = temp_name(dir, key + ".so");
   write_file(src, source);
   const std::string cmd = compiler_ + " " + flags_ + " -o '" + tmp_so + "' '" + src + "' " + libs_ + " 2>&1";

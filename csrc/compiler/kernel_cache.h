@@ -8,6 +8,7 @@
 // a corrupted or truncated entry is reported once, removed and rebuilt.
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,7 +37,10 @@ class KernelCache {
   // TORCH_NEURONX_CACHE_DIR, default ~/.cache/torch_neuronx (the path only).
   std::string directory() const;
   // directory(), created if missing and checked to be private (rt::private_directory); raises
-  // with what to do when it is not. Everything loaded back from the cache lives under it.
+  // with what to do when it is not. Everything loaded back from the cache lives under it. When
+  // it cannot be written (a read-only file system, no permission), a private scratch directory
+  // of this process instead (warned once, removed at exit): build_one still reads kernels from
+  // directory().
   std::string private_directory() const;
   // Compiles (or loads) each unit's source; returns, per unit, the library
   // and its symbols by name (in `names[i]` order). Units build in parallel.
@@ -48,6 +52,13 @@ class KernelCache {
  private:
   KernelCache();
   std::string build_one(const std::string& source, BuildStats& stats);
+  // The valid entry `key` in `dir`, counted as a hit; a corrupted or foreign one is counted (and
+  // removed if `may_remove`).
+  std::optional<std::string> cached(const std::string& dir, const std::string& key, bool may_remove,
+                                    BuildStats& stats) const;
+  // "" if `dir` (or the ancestor it would be created in) can be written by this process, else why not.
+  static std::string unwritable(const std::string& dir);
+  std::string scratch_directory(const std::string& read_only, const std::string& why_read_only) const;
   std::string compiler_, flags_, libs_, toolchain_key_;
 };
 

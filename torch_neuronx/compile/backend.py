@@ -86,7 +86,9 @@ def _cache_key_tag():
 def cache_dir():
     """The on-disk cache: ``TORCH_NEURONX_CACHE_DIR``, default ``~/.cache/torch_neuronx``, created
     user-only (0700) if missing. Raises ``RuntimeError`` if another user could change it: compiled
-    kernels and graphs are loaded back from it."""
+    kernels and graphs are loaded back from it. If it cannot be written (a read-only file system),
+    a private scratch directory of this process, removed at exit (warned once); kernels already in
+    the read-only cache are still loaded from it."""
     from .. import _C
 
     return _C._compiler._cache_dir()
