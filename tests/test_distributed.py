@@ -6,6 +6,7 @@ import json
 import re
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -176,6 +177,17 @@ def test_dead_peer_raises_on_the_survivor_within_the_timeout(tmp_path):
     r = results[0]
     assert r["raised"] in ("RuntimeError", "DistBackendError") and "c10d::allreduce failed" in r["message"]
     assert r["after_s"] < 20
+
+
+@pytest.mark.parametrize("job", ["ddp_peer_killed", "fsdp2_peer_killed"])
+def test_a_rank_killed_in_a_training_step_makes_its_peer_raise_and_the_device_stays_usable(tmp_path, job):
+    results, outs = launch(job, tmp_path, expect_ok=False, JOB_TIMEOUT_S=20)
+    assert outs[1][0] == -signal.SIGKILL, outs[1][1][-3000:]
+    assert outs[0][0] == 0, outs[0][1][-3000:]
+    r = results[0]
+    assert r["raised"] in ("RuntimeError", "DistBackendError"), r
+    assert r["after_s"] < 20 + 5, r  # within the group's timeout, not a hang
+    assert r["probe"] == [0.0, 2.0, 4.0, 6.0]
 
 
 def test_stalled_peer_makes_every_other_rank_raise_at_the_timeout(tmp_path):

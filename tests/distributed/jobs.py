@@ -5,6 +5,7 @@ difference, and writes ``OUTDIR/JOB.rank<r>.json`` with what it checked."""
 import datetime
 import json
 import os
+import signal
 import sys
 import time
 
@@ -781,6 +782,71 @@ def peer_stalls(out):
     except Exception as e:  # noqa: BLE001
         return {"raised": type(e).__name__, "message": str(e)[:500], "after_s": time.time() - start}
     raise AssertionError("all_reduce with a stalled peer did not raise")
+
+
+def _killed_in_training(wrap, kill_hook):
+    """Rank 1 is SIGKILLed inside a training step (no exit handlers, sockets closed by the kernel);
+    rank 0's step must raise within the group's timeout, and its device must still work."""
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(1024, 1024) for _ in range(4)]).to(dev())
+    model = wrap(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(64, 1024, device=dev())
+    model(x).square().mean().backward()  # one whole step first: the group works
+    opt.step()
+    opt.zero_grad()
+    torch.neuron.synchronize()
+    if rank() == 1:
+        kill_hook(model)
+    start = time.time()
+    try:
+        model(x).square().mean().backward()
+        opt.step()
+        torch.neuron.synchronize()
+    except Exception as e:  # noqa: BLE001
+        after = time.time() - start
+        probe = (torch.arange(4.0, device=dev()) * 2).cpu().tolist()  # the device still works
+        return {"raised": type(e).__name__, "message": str(e)[:500], "after_s": after, "probe": probe}
+    raise AssertionError("a training step with a killed peer did not raise")
+
+
+def _sigkill_self():
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@job
+def ddp_peer_killed(out):
+    """DDP: rank 1's comm hook starts its bucket's allreduce, then the rank is killed mid-collective."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    def kill_in_allreduce(model):
+        def hook(state, bucket):
+            work = dist.all_reduce(bucket.buffer(), async_op=True)
+            time.sleep(0.05)
+            _sigkill_self()
+            return work.get_future().then(lambda f: f.value()[0])
+        model.register_comm_hook(None, hook)
+
+    return _killed_in_training(lambda m: DDP(m, device_ids=[dev().index], bucket_cap_mb=1), kill_in_allreduce)
+
+
+@job
+def fsdp2_peer_killed(out):
+    """FSDP2: rank 1 is killed as its last layer's parameters arrive in the forward; rank 0 goes
+    on to the backward's all-gather and reduce-scatter with a dead peer."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    mesh = init_device_mesh("neuron", (world(),))
+
+    def wrap(model):
+        for layer in model:
+            fully_shard(layer, mesh=mesh)
+        return fully_shard(model, mesh=mesh)
+
+    def kill_in_forward(model):
+        model[-1].register_forward_pre_hook(lambda m, args: _sigkill_self())
+
+    return _killed_in_training(wrap, kill_in_forward)
 
 
 @job
