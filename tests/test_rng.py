@@ -219,3 +219,54 @@ def test_random_values_on_side_stream_match_cpu():
     torch.manual_seed(SEED)
     assert torch.equal(n.cpu(), torch.randn(500))
     assert torch.equal(n2.cpu(), torch.rand(500))
+
+
+_SEEDING_THREADS = r"""
+import threading, time, torch, torch_neuronx
+stop = time.monotonic() + 3.0
+rounds, errors = [0] * 8, []
+def work(t):
+    dev = torch.device("neuron", t % torch.neuron.device_count())
+    try:
+        with torch.neuron.device(dev), torch.neuron.stream(torch.neuron.Stream(dev)):
+            while time.monotonic() < stop:
+                torch.manual_seed(t)                 # every device's generator, from every thread
+                x = torch.rand(256, 256, device=dev)  # random kernels queued behind other threads' work
+                y = (x @ x).relu().sum()
+                torch.neuron.get_rng_state(dev)
+                y.item()
+                rounds[t] += 1
+    except BaseException as e:
+        errors.append(repr(e))
+ts = [threading.Thread(target=work, args=(t,), daemon=True) for t in range(8)]
+[t.start() for t in ts]
+[t.join(60) for t in ts]
+print(sum(t.is_alive() for t in ts), min(rounds), errors)
+"""
+
+
+def test_threads_seeding_while_others_queue_work_do_not_deadlock():
+    # Seeding used to wait for the queues while holding the generator's mutex (taken by Python's
+    # generator methods with the GIL held) and dropping the GIL: two threads deadlocked in seconds.
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-c", _SEEDING_THREADS], capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    alive, fewest, errors = r.stdout.strip().splitlines()[-1].split(" ", 2)
+    assert alive == "0" and int(fewest) >= 1 and errors == "[]", r.stdout
+
+
+def test_seeding_with_random_kernels_queued_keeps_program_order():
+    # Kernels queued before manual_seed draw from the old state, kernels after it from the new.
+    torch.manual_seed(5)
+    cpu_a = torch.rand(1000)
+    torch.manual_seed(6)
+    cpu_b = torch.rand(1000)
+    big = torch.randn(512, 512, device="neuron")
+    for _ in range(20):
+        big = big @ big / 512  # keeps the queue busy
+    torch.manual_seed(5)
+    a = torch.rand(1000, device="neuron")
+    torch.manual_seed(6)  # a is still queued
+    b = torch.rand(1000, device="neuron")
+    assert torch.equal(a.cpu(), cpu_a) and torch.equal(b.cpu(), cpu_b)

@@ -11,23 +11,45 @@ NeuronGeneratorImpl::NeuronGeneratorImpl(c10::DeviceIndex d, uint64_t seed)
     : c10::GeneratorImpl(c10::Device(kNeuron, d), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1)),
       cpu_(at::make_generator<at::CPUGeneratorImpl>(seed)) {}
 
-void NeuronGeneratorImpl::drain() const {
-  if (!rt::is_initialized()) return;
-  // Queued random kernels draw from this generator: let them finish first.
-  // Their errors stay for the next synchronization the user makes.
-  for (rt::Queue* q : runtime_device(device().index()).live_queues()) q->wait_idle();
+at::Generator NeuronGeneratorImpl::cpu_generator() const {
+  std::lock_guard<std::mutex> g(swap_mu_);
+  return cpu_;
 }
 
-void NeuronGeneratorImpl::set_current_seed(uint64_t seed) {
-  drain();
-  std::lock_guard<std::mutex> g(cpu_.mutex());
-  cpu_.set_current_seed(seed);
+void NeuronGeneratorImpl::install(at::Generator g) {
+  std::lock_guard<std::mutex> lk(swap_mu_);
+  cpu_ = std::move(g);
 }
-uint64_t NeuronGeneratorImpl::current_seed() const { return cpu_.current_seed(); }
+
+void NeuronGeneratorImpl::drain() const {
+  if (!rt::is_initialized()) return;
+  {
+    std::lock_guard<std::mutex> g(swap_mu_);
+    if (c10::raw::intrusive_ptr::use_count(cpu_.unsafeGetGeneratorImpl()) == 1) return;  // no kernel holds it
+  }
+  // Callers hold mutex_ (Note [Acquire lock when using random generators]); Python's generator
+  // methods take it with the GIL held, and waiting for the queues drops the GIL. Waiting with
+  // mutex_ held would deadlock against a thread that holds the GIL and wants mutex_: let it go
+  // while waiting, and take it back after the GIL (the order Python's methods use).
+  std::mutex& held = const_cast<std::mutex&>(mutex_);
+  held.unlock();
+  try {
+    // Their errors stay for the next synchronization the user makes.
+    for (rt::Queue* q : runtime_device(device().index()).live_queues()) q->wait_idle();
+  } catch (...) {
+    held.lock();
+    throw;
+  }
+  held.lock();
+}
+
+void NeuronGeneratorImpl::set_current_seed(uint64_t seed) { install(at::make_generator<at::CPUGeneratorImpl>(seed)); }
+uint64_t NeuronGeneratorImpl::current_seed() const { return cpu_generator().current_seed(); }
 uint64_t NeuronGeneratorImpl::seed() {
-  drain();
-  std::lock_guard<std::mutex> g(cpu_.mutex());
-  return cpu_.seed();
+  at::Generator g = at::make_generator<at::CPUGeneratorImpl>();
+  const uint64_t s = g.seed();
+  install(std::move(g));
+  return s;
 }
 void NeuronGeneratorImpl::set_offset(uint64_t) {
   TORCH_CHECK(false, "neuron generators are mt19937 (like CPU) and have no Philox offset; "
@@ -38,21 +60,24 @@ uint64_t NeuronGeneratorImpl::get_offset() const {
                      "use get_state()/set_state() instead");
 }
 void NeuronGeneratorImpl::set_state(const c10::TensorImpl& new_state) {
-  drain();
-  std::lock_guard<std::mutex> g(cpu_.mutex());
-  cpu_.unsafeGetGeneratorImpl()->set_state(new_state);
+  at::Generator g = at::make_generator<at::CPUGeneratorImpl>();
+  g.unsafeGetGeneratorImpl()->set_state(new_state);
+  install(std::move(g));
 }
 c10::intrusive_ptr<c10::TensorImpl> NeuronGeneratorImpl::get_state() const {
   drain();
-  std::lock_guard<std::mutex> g(cpu_.mutex());
-  return cpu_.unsafeGetGeneratorImpl()->get_state();
+  at::Generator g = cpu_generator();
+  std::lock_guard<std::mutex> lk(g.mutex());
+  return g.unsafeGetGeneratorImpl()->get_state();
 }
+
 NeuronGeneratorImpl* NeuronGeneratorImpl::clone_impl() const {
   drain();
-  auto* g = new NeuronGeneratorImpl(device().index());
-  std::lock_guard<std::mutex> lk(cpu_.mutex());
-  g->cpu_ = cpu_.clone();
-  return g;
+  auto* copy = new NeuronGeneratorImpl(device().index());
+  at::Generator g = cpu_generator();
+  std::lock_guard<std::mutex> lk(g.mutex());
+  copy->cpu_ = g.clone();
+  return copy;
 }
 
 const at::Generator& default_generator(c10::DeviceIndex d) {

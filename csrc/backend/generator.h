@@ -18,14 +18,23 @@ class NeuronGeneratorImpl final : public c10::GeneratorImpl {
   void set_state(const c10::TensorImpl& new_state) override;
   c10::intrusive_ptr<c10::TensorImpl> get_state() const override;
   static c10::DeviceType device_type() { return c10::DeviceType::PrivateUse1; }
-  // The CPU generator that kernels on the queue draw from.
-  const at::Generator& cpu_generator() const { return cpu_; }
+  // The CPU generator a random kernel launched now draws from (it keeps it until it ran).
+  at::Generator cpu_generator() const;
 
  private:
   NeuronGeneratorImpl* clone_impl() const override;
-  // Host-side state changes must not race queued random kernels: drain first.
+  // Reading the state must see the draws of kernels already queued: waits for them (only if a
+  // queued kernel still holds the current CPU generator), with mutex_ (held by the caller)
+  // released meanwhile.
   void drain() const;
-  mutable at::Generator cpu_;
+  // Seeding and setting the state install a new CPU generator instead of changing the one queued
+  // kernels hold: they draw from the old one, kernels launched later from the new one, as in
+  // program order, and the host does not wait. (Waiting here would hold the generator's mutex,
+  // which Python's generator methods take with the GIL held, while dropping the GIL: two threads
+  // seeding at once deadlocked.)
+  void install(at::Generator g);
+  mutable std::mutex swap_mu_;  // guards cpu_ (the handle, not the generator's state)
+  at::Generator cpu_;
 };
 
 const at::Generator& default_generator(c10::DeviceIndex d);
