@@ -313,3 +313,23 @@ def test_legacy_format_save_load():
         loaded = torch.load(buf, **kw)
         for k in cpu:
             assert_same(loaded[k], cpu[k], t)
+
+
+def test_truncated_checkpoint_raises_like_a_cpu_one(tmp_path):
+    # A checkpoint cut short (a full disk, a killed writer) fails to load with PyTorch's error, as
+    # the same checkpoint saved from CPU does; nothing half-loaded reaches the device.
+    for device in ("cpu", "neuron"):
+        path = tmp_path / f"{device}.pt"
+        torch.save({"w": torch.randn(256, 256, device=device), "step": 3}, path)
+        whole = path.read_bytes()
+        assert torch.equal(torch.load(path, weights_only=True)["w"].cpu(),
+                           torch.load(path, weights_only=True, map_location="cpu")["w"])
+        errors = []
+        for cut in (len(whole) // 2, 10):
+            path.write_bytes(whole[:cut])
+            with pytest.raises(RuntimeError) as e:
+                torch.load(path, weights_only=True)
+            errors.append(str(e.value).split("\n")[0])
+        if device == "cpu":
+            cpu_errors = errors
+    assert errors == cpu_errors, (errors, cpu_errors)
