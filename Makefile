@@ -83,12 +83,14 @@ hf-sweep: build
 	$(PYTHON) -m torch_neuronx.hf_sweep --jobs 2 --out build/hf-sweep --docs docs/hf_support.md
 
 # The fuzzers' long runs (make test runs 4,000 op cases and 12 graphs of seed 0): per seed in SEEDS,
-# 20,000 op cases (CPU vs neuron) and 100 compiled graphs (vs CPU eager); a failure prints its
+# 20,000 op cases (CPU vs neuron), 100 compiled graphs (vs CPU eager) and 2,000 collectives across
+# 3 ranks (vs values computed from every rank's input); a failure prints its
 # seed and index (--start reruns it).
 SEEDS ?= 1 2 3 4 5
 fuzz: build
 	@for s in $(SEEDS); do $(PYTHON) tests/reliability/fuzz_ops.py --cases 20000 --seed $$s || exit 1; \
-	  $(PYTHON) tests/reliability/fuzz_compile.py --graphs 100 --seed $$s || exit 1; done
+	  $(PYTHON) tests/reliability/fuzz_compile.py --graphs 100 --seed $$s || exit 1; \
+	  $(PYTHON) tests/reliability/fuzz_collectives.py --world 3 --cases 2000 --seed $$s || exit 1; done
 
 # Soak (tests/reliability/soak.py; make test runs a few hundred steps of each): nanoGPT training
 # for 10,000 steps eager and compiled and 2,000 under 2-rank DDP, with device memory, RSS,

@@ -14,7 +14,18 @@ namespace neuronx::distributed {
 
 namespace {
 bool on_neuron(const at::Tensor& t) { return t.defined() && t.device().type() == kNeuron; }
+
+// A transport's error in words: c10::Error's message without the C++ backtrace it carries.
+std::string message_of(const std::exception& e) {
+  if (const auto* c = dynamic_cast<const c10::Error*>(&e)) return c->what_without_backtrace();
+  return e.what();
+}
 }  // namespace
+
+void check_root(const char* name, int64_t root, int size) {
+  TORCH_CHECK(root >= 0 && root < size, name, ": invalid root rank ", root, " (the group has ", size,
+              " ranks, 0 to ", size - 1, ")");
+}
 
 std::vector<at::Tensor> flatten(const std::vector<std::vector<at::Tensor>>& lists) {
   std::vector<at::Tensor> out;
@@ -127,7 +138,7 @@ struct QueuedCall {
       w = start(*group.transport, DirectContext{group.control.get(), group.buffers, c.seq, group.rank,
                                                     group.control->getSize(), group.timeout, group.peers});
     } catch (const std::exception& e) {
-      return c.fail(e.what());
+      return c.fail(message_of(e));
     }
     if (c.p2p()) {
       {
@@ -147,7 +158,7 @@ struct QueuedCall {
     try {
       group.completer->add(std::move(w), [self](const std::string* error) { self->complete(error); }, on_future);
     } catch (const std::exception& e) {  // the queue must go on with the collectives after it
-      return c.fail(e.what());
+      return c.fail(message_of(e));
     }
   }
 
@@ -161,7 +172,7 @@ struct QueuedCall {
       try {
         if (post) post();
       } catch (const std::exception& e) {
-        what = e.what();
+        what = message_of(e);
         error = &what;
       }
     }

@@ -54,6 +54,9 @@ struct Placement {
 // so that a bad call raises there, on the rank that made it (`name`: the
 // collective as the user called it).
 Placement place(const char* name, const std::vector<at::Tensor>& ts);
+// A root rank outside the group raises at the call (Gloo would raise on the collective queue,
+// where the error surfaces only at the next synchronization).
+void check_root(const char* name, int64_t root, int size);
 
 // CPU aliases of device tensors (the transport's view of them).
 std::vector<at::Tensor> cpu_aliases(const std::vector<at::Tensor>& ts);

@@ -152,6 +152,7 @@ c10d::ReduceScatterOptions on_transport(c10d::ReduceScatterOptions o) {
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::broadcast(std::vector<at::Tensor>& tensors,
                                                              const c10d::BroadcastOptions& opts) {
+  check_root("broadcast", opts.rootRank, size_);
   const Placement where = place("broadcast", tensors);
   auto h = cpu_aliases(tensors);
   return run({c10d::OpType::BROADCAST, "c10d::broadcast", where, tensors, tensors,
@@ -203,6 +204,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::allreduce_impl(std::vector<at
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::reduce(std::vector<at::Tensor>& tensors,
                                                           const c10d::ReduceOptions& opts) {
+  check_root("reduce", opts.rootRank, size_);
   const Placement where = place("reduce", tensors);
   check_reduce_op("reduce", opts.reduceOp, tensors);
   auto h = cpu_aliases(tensors);
@@ -280,6 +282,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::gather(std::vector<std::vecto
                                                           std::vector<at::Tensor>& inputs,
                                                           const c10d::GatherOptions& opts) {
   auto all = joined(flatten(outputs), inputs);
+  check_root("gather", opts.rootRank, size_);
   const Placement where = place("gather", all);
   auto ho = cpu_aliases(outputs);
   auto hi = cpu_aliases(inputs);
@@ -292,6 +295,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::scatter(std::vector<at::Tenso
                                                            std::vector<std::vector<at::Tensor>>& inputs,
                                                            const c10d::ScatterOptions& opts) {
   auto all = joined(flatten(inputs), outputs);
+  check_root("scatter", opts.rootRank, size_);
   const Placement where = place("scatter", all);
   auto ho = cpu_aliases(outputs);
   auto hi = cpu_aliases(inputs);

@@ -17,8 +17,6 @@ step alive (a planted leak, to show the check finds one). Exits 1 with the faili
 import argparse
 import json
 import os
-import socket
-import subprocess
 import sys
 import time
 
@@ -27,6 +25,9 @@ import torch.nn.functional as F
 
 import torch_neuronx  # noqa: F401
 from torch_neuronx.testing.models import NanoGPT
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import ranks  # noqa: E402
 
 MiB = 2**20
 CONFIG = dict(vocab=512, d=64, layers=2, heads=4, seq=64)
@@ -154,21 +155,10 @@ def run(mode, steps, every=100, warmup=None, plant_leak=False, rank=0, world=1):
             "failures": failures, "samples": samples}
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def launch_ddp(args):
-    """Start 2 ranks of this script; return rank 0's report (each rank checks its own series)."""
-    port, procs = _free_port(), []
-    for r in range(2):
-        env = dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), SOAK_RANK_OUT=f"{args.out or '/dev/null'}.rank{r}")
-        procs.append(subprocess.Popen([sys.executable, __file__, *sys.argv[1:]], env=env))
-    codes = [p.wait() for p in procs]
-    return codes
+    """Start 2 ranks of this script (each checks its own series); their exit codes."""
+    return ranks.launch(__file__, sys.argv[1:], 2,
+                        lambda r: {"SOAK_RANK_OUT": f"{args.out or '/dev/null'}.rank{r}"})
 
 
 def main():

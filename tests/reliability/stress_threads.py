@@ -14,8 +14,6 @@ import datetime
 import faulthandler
 import json
 import os
-import socket
-import subprocess
 import sys
 import threading
 import time
@@ -25,6 +23,9 @@ import torch.distributed as dist
 import torch.nn as nn
 
 import torch_neuronx  # noqa: F401
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import ranks  # noqa: E402
 
 N_THREADS, N_TRAINERS, VARIANTS, STEPS = 8, 6, 3, 4
 
@@ -139,24 +140,13 @@ def run(seconds, rank, world):
             "devices": ndev, "memory_before": base, "memory_after": after}
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seconds", type=float, default=180)
     p.add_argument("--out", help="write each rank's report to OUT.rank<r> (JSON)")
     args = p.parse_args()
     if "RANK" not in os.environ:
-        port, procs = _free_port(), []
-        for r in range(2):
-            env = dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
-                       MASTER_PORT=str(port))
-            procs.append(subprocess.Popen([sys.executable, __file__, *sys.argv[1:]], env=env))
-        codes = [q.wait() for q in procs]
+        codes = ranks.launch(__file__, sys.argv[1:], 2)
         print(f"ranks exited {codes}")
         raise SystemExit(0 if codes == [0, 0] else 1)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
