@@ -784,9 +784,11 @@ def peer_stalls(out):
     raise AssertionError("all_reduce with a stalled peer did not raise")
 
 
-def _killed_in_training(wrap, kill_hook):
-    """Rank 1 is SIGKILLed inside a training step (no exit handlers, sockets closed by the kernel);
-    rank 0's step must raise within the group's timeout, and its device must still work."""
+def _peer_fault_in_training(wrap, install_fault):
+    """Rank 1 fails inside a training step, as PEER_FAULT says: `kill` (SIGKILL: no exit handlers,
+    sockets closed by the kernel) or `stall` (alive, but never goes on). Rank 0's step must raise
+    (at once for a dead peer, at the group's timeout for a stalled one), and its device must
+    still work."""
     torch.manual_seed(0)
     model = nn.Sequential(*[nn.Linear(1024, 1024) for _ in range(4)]).to(dev())
     model = wrap(model)
@@ -797,7 +799,7 @@ def _killed_in_training(wrap, kill_hook):
     opt.zero_grad()
     torch.neuron.synchronize()
     if rank() == 1:
-        kill_hook(model)
+        install_fault(model, _fail_self)
     start = time.time()
     try:
         model(x).square().mean().backward()
@@ -807,33 +809,36 @@ def _killed_in_training(wrap, kill_hook):
         after = time.time() - start
         probe = (torch.arange(4.0, device=dev()) * 2).cpu().tolist()  # the device still works
         return {"raised": type(e).__name__, "message": str(e)[:500], "after_s": after, "probe": probe}
-    raise AssertionError("a training step with a killed peer did not raise")
+    raise AssertionError(f"a training step with a peer that failed ({os.environ['PEER_FAULT']}) did not raise")
 
 
-def _sigkill_self():
-    os.kill(os.getpid(), signal.SIGKILL)
+def _fail_self():
+    if os.environ["PEER_FAULT"] == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(float(os.environ["JOB_TIMEOUT_S"]) + 10)  # stall: the peers give up on the group first
+    os._exit(0)
 
 
 @job
-def ddp_peer_killed(out):
-    """DDP: rank 1's comm hook starts its bucket's allreduce, then the rank is killed mid-collective."""
+def ddp_peer_fault(out):
+    """DDP: rank 1's comm hook starts its bucket's allreduce, then the rank fails mid-collective."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    def kill_in_allreduce(model):
+    def in_allreduce(model, fail):
         def hook(state, bucket):
             work = dist.all_reduce(bucket.buffer(), async_op=True)
             time.sleep(0.05)
-            _sigkill_self()
+            fail()
             return work.get_future().then(lambda f: f.value()[0])
         model.register_comm_hook(None, hook)
 
-    return _killed_in_training(lambda m: DDP(m, device_ids=[dev().index], bucket_cap_mb=1), kill_in_allreduce)
+    return _peer_fault_in_training(lambda m: DDP(m, device_ids=[dev().index], bucket_cap_mb=1), in_allreduce)
 
 
 @job
-def fsdp2_peer_killed(out):
-    """FSDP2: rank 1 is killed as its last layer's parameters arrive in the forward; rank 0 goes
-    on to the backward's all-gather and reduce-scatter with a dead peer."""
+def fsdp2_peer_fault(out):
+    """FSDP2: rank 1 fails as its last layer's parameters arrive in the forward; rank 0 goes on
+    to the backward's all-gather and reduce-scatter without it."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     mesh = init_device_mesh("neuron", (world(),))
@@ -843,10 +848,10 @@ def fsdp2_peer_killed(out):
             fully_shard(layer, mesh=mesh)
         return fully_shard(model, mesh=mesh)
 
-    def kill_in_forward(model):
-        model[-1].register_forward_pre_hook(lambda m, args: _sigkill_self())
+    def in_forward(model, fail):
+        model[-1].register_forward_pre_hook(lambda m, args: fail())
 
-    return _killed_in_training(wrap, kill_in_forward)
+    return _peer_fault_in_training(wrap, in_forward)
 
 
 @job
