@@ -15,8 +15,6 @@ still works. A hang is caught by the group's timeout.
 Starts its ranks itself; exits 1 with the failures (seed and index reproduce a case).
 """
 import argparse
-import datetime
-import json
 import os
 import random
 import sys
@@ -222,21 +220,12 @@ def main():
         codes = ranks.launch(__file__, sys.argv[1:], args.world)
         print(f"ranks exited {codes}")
         raise SystemExit(0 if not any(codes) else 1)
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    dev = torch.device("neuron", rank % torch.neuron.device_count())
-    torch.neuron.set_device(dev)
-    dist.init_process_group("neuron", timeout=datetime.timedelta(seconds=60), device_id=dev)
+    rank, world, dev = ranks.join_group(60)
     report = fuzz(args.seed, args.cases, rank, world, dev)
-    if args.out:
-        with open(f"{args.out}.rank{rank}", "w") as f:
-            json.dump(report, f)
-    print(f"[rank {rank}] seed {args.seed}: {report['cases']} cases ({report['raised']} raised as expected or not) "
-          f"in {report['seconds']:.0f} s, {len(report['failures'])} failures", flush=True)
-    for f in report["failures"][:20]:
-        print(f"[rank {rank}] case {f['index']}: {f['case']}: {f['problem']}", flush=True)
-    dist.destroy_process_group()
-    raise SystemExit(1 if report["failures"] else 0)
-
+    ranks.finish(report, args.out,
+                 f"seed {args.seed}: {report['cases']} cases ({report['raised']} raised as expected or not) in "
+                 f"{report['seconds']:.0f} s, {len(report['failures'])} failures",
+                 [f"case {f['index']}: {f['case']}: {f['problem']}" for f in report["failures"]])
 
 if __name__ == "__main__":
     main()

@@ -10,9 +10,7 @@ must come back to where it started.
 Starts its 2 ranks itself; exits 1 with the first mismatches.
 """
 import argparse
-import datetime
 import faulthandler
-import json
 import os
 import sys
 import threading
@@ -149,22 +147,12 @@ def main():
         codes = ranks.launch(__file__, sys.argv[1:], 2)
         print(f"ranks exited {codes}")
         raise SystemExit(0 if codes == [0, 0] else 1)
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    torch.neuron.set_device(rank % torch.neuron.device_count())
-    dist.init_process_group("neuron", timeout=datetime.timedelta(seconds=120),
-                            device_id=torch.device("neuron", rank % torch.neuron.device_count()))
+    rank, world, _ = ranks.join_group(120)
     faulthandler.dump_traceback_later(args.seconds + 60, exit=True)  # a hang shows where every thread is
     report = run(args.seconds, rank, world)
-    if args.out:
-        with open(f"{args.out}.rank{rank}", "w") as f:
-            json.dump(report, f)
-    print(f"[rank {rank}] {report['seconds']:.0f} s, rounds per thread {report['rounds']}, "
-          f"{len(report['errors'])} errors", flush=True)
-    for e in report["errors"][:20]:
-        print(f"[rank {rank}] {e}", flush=True)
-    dist.destroy_process_group()
-    raise SystemExit(1 if report["errors"] else 0)
-
+    ranks.finish(report, args.out,
+                 f"{report['seconds']:.0f} s, rounds per thread {report['rounds']}, {len(report['errors'])} errors",
+                 report["errors"])
 
 if __name__ == "__main__":
     main()
