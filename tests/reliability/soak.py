@@ -31,6 +31,9 @@ import ranks  # noqa: E402
 
 MiB = 2**20
 CONFIG = dict(vocab=512, d=64, layers=2, heads=4, seq=64)
+# --config full: the reference model at the size the benchmarks train it (6.9M parameters in 77 tensors,
+# sequences of 256), for fewer steps.
+FULL = dict(vocab=4096, d=256, layers=6, heads=8, seq=256)
 BATCH = 8
 # What a series may grow by over the run after warm-up (fitted slope x steps), per metric: device
 # memory and descriptors and threads exactly flat; RSS within allocator noise (glibc arenas, the
@@ -168,12 +171,15 @@ def main():
     p.add_argument("--every", type=int, default=100)
     p.add_argument("--warmup", type=int, default=None, help="steps before the series must be flat")
     p.add_argument("--plant-leak", action="store_true")
+    p.add_argument("--config", choices=("small", "full"), default="small")
     p.add_argument("--out", help="write the report (JSON) here")
     args = p.parse_args()
     if args.mode == "ddp" and "RANK" not in os.environ:
         codes = launch_ddp(args)
         print(f"ranks exited {codes}")
         raise SystemExit(0 if codes == [0, 0] else 1)
+    if args.config == "full":
+        CONFIG.update(FULL)
     rank, world, out = 0, 1, args.out
     if args.mode == "ddp":
         import datetime
