@@ -34,7 +34,7 @@ $(SYS_STAMP): | $(PYTHON)
 $(DEPS_STAMP): pyproject.toml | $(PYTHON)
 	$(PYTHON) -m pip install -q --upgrade pip setuptools wheel
 	$(PYTHON) -m pip install -q torch==2.13.0
-	$(PYTHON) -m pip install -q cmake ninja pytest numpy safetensors expecttest "torch==2.13.0"
+	$(PYTHON) -m pip install -q cmake ninja pytest numpy ml_dtypes safetensors expecttest "torch==2.13.0"
 	# Hugging Face stack, pinned as in pyproject's [hf] extra; torch pinned in the same resolve.
 	$(PYTHON) -m pip install -q "transformers==5.24.0" "accelerate==1.15.0" "peft==0.21.2" "trl==1.16.0" \
 	  "diffusers==0.42.1" "torch==2.13.0"
@@ -42,6 +42,8 @@ $(DEPS_STAMP): pyproject.toml | $(PYTHON)
 
 build: $(DEPS_STAMP) $(SYS_STAMP)
 	$(PYTHON) -m pip install -q --no-build-isolation --no-deps -e .
+	@# import neuronxcc.nki before torch: the NKI aliases load at interpreter start (_torch_neuronx_nki_boot.py)
+	$(PYTHON) -c "import sysconfig; open(sysconfig.get_paths()['purelib'] + '/torch_neuronx_nki.pth', 'w').write('import _torch_neuronx_nki_boot\\n')"
 
 demo: build
 	$(PYTHON) examples/train.py

@@ -47,6 +47,10 @@ from . import distributed as _distributed  # noqa: E402
 
 _distributed._register()
 
+from . import _nki_aliases  # noqa: E402
+
+_nki_aliases.install()
+
 
 def set_execution_mode(mode):
     """Choose how ``neuron`` runs eager code: ``"eager"`` (each op its own kernel) or ``"adaptive"``.

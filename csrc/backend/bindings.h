@@ -12,4 +12,7 @@ void bind(pybind11::module& parent);  // torch_neuronx._C._compiler
 namespace distributed {
 void bind(pybind11::module& parent);  // torch_neuronx._C._distributed
 }
+namespace nki {
+void bind(pybind11::module& parent);  // torch_neuronx._C._nki
+}
 }  // namespace neuronx

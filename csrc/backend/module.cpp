@@ -150,6 +150,7 @@ PYBIND11_MODULE(_C, m) {
   bind_memory_snapshot(m);
   distributed::bind(m);
   compiler::bind(m);
+  nki::bind(m);
   // Same code paths as torch.accelerator.empty_cache / mem_get_info.
   m.def("_empty_cache", [] { c10::getDeviceAllocator(kNeuron)->emptyCache(); });
   m.def("_reset_peak_memory_stats", [](int d) { runtime_device(d).allocator().reset_peak_stats(); });

@@ -1,0 +1,24 @@
+#pragma once
+// The engines' arithmetic: ALU operators (tensor_tensor, tensor_scalar),
+// activation functions (Scalar Engine) and reduce operators, by their NKI
+// names. Arithmetic is fp32; bitwise operators work on integers.
+#include <ATen/core/Tensor.h>
+
+#include <string>
+
+namespace neuronx::nki {
+
+enum class Reduce : uint8_t { kAdd, kMax, kMin, kMul, kAbsMax };
+
+bool is_alu_op(const std::string& name);
+bool is_activation(const std::string& name);
+bool is_reduce_op(const std::string& name);
+Reduce reduce_op(const std::string& name);
+// Python-facing lists of the names (for error messages and docs).
+std::string alu_op_names();
+std::string activation_names();
+
+at::Tensor alu(const std::string& op, const at::Tensor& a, const at::Tensor& b);
+at::Tensor activation(const std::string& fn, const at::Tensor& x, double alpha);
+
+}  // namespace neuronx::nki

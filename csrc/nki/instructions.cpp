@@ -1,0 +1,229 @@
+// Execution of NKI instructions on tile views with ATen's CPU math. Engines
+// compute in fp32 (matmul accumulates fp32 in PSUM); the result is rounded to
+// the destination's dtype as it is written.
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Functions.h>
+#include <ATen/TensorOperators.h>
+#include <c10/util/Exception.h>
+
+#include <unordered_map>
+
+#include "nki/alu.h"
+#include "nki/program.h"
+
+namespace neuronx::nki {
+
+namespace {
+
+at::Tensor f32(const at::Tensor& t) { return t.scalar_type() == at::kFloat ? t : t.to(at::kFloat); }
+
+// Writes result into dst (rounding to dst's dtype); a mask keeps dst where false.
+void write(const Instruction& ins, const at::Tensor& dst, const at::Tensor& result) {
+  at::Tensor r = result.sizes() == dst.sizes() ? result : result.reshape(dst.sizes());
+  if (ins.mask) {
+    dst.copy_(at::where(*ins.mask, r.to(dst.scalar_type()), dst));
+  } else {
+    dst.copy_(r);
+  }
+}
+
+// A (P, 1)-style per-partition operand shaped to broadcast over t's free dims.
+at::Tensor per_partition(const at::Tensor& s, const at::Tensor& t) {
+  std::vector<int64_t> shape(t.dim(), 1);
+  shape[0] = s.size(0);
+  return f32(s).reshape(shape);
+}
+
+// Free axes of an on-chip view: all but the partition dim.
+std::vector<int64_t> free_dims(const at::Tensor& t) {
+  std::vector<int64_t> d;
+  for (int64_t i = 1; i < t.dim(); ++i) d.push_back(i);
+  return d;
+}
+
+at::Tensor reduce(const std::string& op, const at::Tensor& x, at::IntArrayRef dims, bool keepdim) {
+  switch (reduce_op(op)) {
+    case Reduce::kAdd: return at::sum(x, dims, keepdim);
+    case Reduce::kMax: return at::amax(x, dims, keepdim);
+    case Reduce::kMin: return at::amin(x, dims, keepdim);
+    case Reduce::kMul: {
+      at::Tensor r = x;
+      std::vector<int64_t> ds(dims.begin(), dims.end());
+      std::sort(ds.rbegin(), ds.rend());
+      for (int64_t d : ds) r = at::prod(r, d, keepdim);
+      return r;
+    }
+    case Reduce::kAbsMax: return at::amax(x.abs(), dims, keepdim);
+  }
+  return x;
+}
+
+at::Tensor scalar_or(const at::Tensor& ap, bool is_ap, double v, const at::Tensor& like) {
+  return is_ap ? per_partition(ap, like) : at::scalar_tensor(v, at::kFloat);
+}
+
+}  // namespace
+
+void execute(const Instruction& ins, const std::vector<at::Tensor>& v, uint64_t seed) {
+  const at::Tensor& dst = v[0];
+  switch (ins.kind) {
+    case Kind::kFill:
+      if (ins.mask)
+        write(ins, dst, at::full(dst.sizes(), ins.scalars[0], at::kFloat));
+      else
+        dst.fill_(ins.scalars[0]);
+      return;
+    case Kind::kConst:
+      write(ins, dst, *ins.constant);
+      return;
+    case Kind::kCopy:
+      write(ins, dst, v[1]);
+      return;
+    case Kind::kMatmul: {
+      // stationary (K, M...), moving (K, N...): dst (M, N) = stationaryᵀ · moving.
+      at::Tensor s = f32(v[1]).reshape({v[1].size(0), -1});
+      at::Tensor m = f32(v[2]).reshape({v[2].size(0), -1});
+      at::Tensor r = at::mm(s.t(), m);
+      if (ins.ints.at(0)) r = r + f32(dst).reshape(r.sizes());
+      write(ins, dst, r);
+      return;
+    }
+    case Kind::kTranspose: {
+      at::Tensor s = v[1].reshape({v[1].size(0), -1});
+      write(ins, dst, s.t());
+      return;
+    }
+    case Kind::kActivation: {
+      // ops: dst, src, [bias], [scale], [reduce_res]; ints: has_bias, scale_is_ap, has_reduce.
+      size_t k = 2;
+      at::Tensor x = f32(v[1]);
+      if (ins.ints.at(1)) {
+        x = x * per_partition(v[k + ins.ints[0]], x);
+      } else if (ins.scalars.at(0) != 1.0) {
+        x = x * ins.scalars[0];
+      }
+      if (ins.ints.at(0)) x = x + per_partition(v[k], x);
+      k += ins.ints[0] + ins.ints[1];
+      at::Tensor y = activation(ins.fns.at(0), x, ins.scalars.size() > 1 ? ins.scalars[1] : 0.0);
+      write(ins, dst, y);
+      if (ins.ints.at(2)) write(Instruction{ins.kind}, v[k], reduce(ins.fns.at(1), y, free_dims(y), true));
+      return;
+    }
+    case Kind::kTensorTensor:
+      write(ins, dst, alu(ins.fns.at(0), v[1], v[2]));
+      return;
+    case Kind::kTensorScalar: {
+      // ops: dst, src, [op0 AP], [op1 AP], [reduce_res]; ints: reverse0, reverse1, op0_is_ap, op1_is_ap, has_reduce.
+      size_t k = 2;
+      at::Tensor x = v[1];
+      at::Tensor s0 = scalar_or(ins.ints[2] ? v[k] : at::Tensor(), ins.ints[2], ins.scalars[0], x);
+      k += ins.ints[2];
+      at::Tensor r = ins.ints[0] ? alu(ins.fns[0], s0, x) : alu(ins.fns[0], x, s0);
+      if (!ins.fns.at(1).empty()) {
+        at::Tensor s1 = scalar_or(ins.ints[3] ? v[k] : at::Tensor(), ins.ints[3], ins.scalars[1], x);
+        r = ins.ints[1] ? alu(ins.fns[1], s1, r) : alu(ins.fns[1], r, s1);
+      }
+      k += ins.ints[3];
+      write(ins, dst, r);
+      if (ins.ints.at(4)) write(Instruction{ins.kind}, v[k], reduce(ins.fns.at(2), r, free_dims(r), true));
+      return;
+    }
+    case Kind::kScalarTensorTensor: {
+      // ops: dst, data, data1, [scalar AP]; ints: scalar_is_ap, reverse0, reverse1.
+      at::Tensor s = scalar_or(ins.ints[0] ? v[3] : at::Tensor(), ins.ints[0], ins.scalars[0], v[1]);
+      at::Tensor r = ins.ints[1] ? alu(ins.fns[0], s, v[1]) : alu(ins.fns[0], v[1], s);
+      r = ins.ints[2] ? alu(ins.fns[1], v[2], r) : alu(ins.fns[1], r, v[2]);
+      write(ins, dst, r);
+      return;
+    }
+    case Kind::kReduce: {
+      // ints: negate, then the reduced axes of src.
+      std::vector<int64_t> axes(ins.ints.begin() + 1, ins.ints.end());
+      at::Tensor r = reduce(ins.fns.at(0), f32(v[1]), axes, true);
+      if (ins.ints[0]) r = -r;
+      write(ins, dst, r);
+      return;
+    }
+    case Kind::kPartitionReduce:
+      write(ins, dst, reduce(ins.fns.at(0), f32(v[1]), {0}, true));
+      return;
+    case Kind::kSelect:
+      write(ins, dst, at::where(*ins.constant, f32(v[1]), at::scalar_tensor(ins.scalars.at(0), at::kFloat)));
+      return;
+    case Kind::kWhere: {
+      // ops: dst, cond, [a], [b]; ints: a_is_ap, b_is_ap; scalars: a, b.
+      size_t k = 2;
+      at::Tensor a = ins.ints[0] ? f32(v[k++]) : at::scalar_tensor(ins.scalars[0], at::kFloat);
+      at::Tensor b = ins.ints[1] ? f32(v[k]) : at::scalar_tensor(ins.scalars[1], at::kFloat);
+      write(ins, dst, at::where(v[1].to(at::kBool), a, b));
+      return;
+    }
+    case Kind::kBnStats: {
+      // Per partition, for the even and the odd free elements: count, mean, variance x count.
+      at::Tensor x = f32(v[1]).reshape({v[1].size(0), -1});
+      std::vector<at::Tensor> parts;
+      for (int64_t start : {0, 1}) {
+        at::Tensor h = x.slice(1, start, x.size(1), 2);
+        const double n = static_cast<double>(h.size(1));
+        at::Tensor mean = n > 0 ? h.mean(1, true) : at::zeros({x.size(0), 1}, x.options());
+        at::Tensor m2 = n > 0 ? (h - mean).square().sum(1, true) : at::zeros({x.size(0), 1}, x.options());
+        parts.push_back(at::full_like(mean, n));
+        parts.push_back(mean);
+        parts.push_back(m2);
+      }
+      write(ins, dst, at::cat(parts, 1));
+      return;
+    }
+    case Kind::kBnAggr: {
+      // Chan's combination of (count, mean, variance x count) triples into mean, variance.
+      at::Tensor s = f32(v[1]).reshape({v[1].size(0), -1, 3});
+      at::Tensor n = s.select(2, 0), mean = s.select(2, 1), m2 = s.select(2, 2);
+      at::Tensor total = n.sum(1, true);
+      at::Tensor m = (n * mean).sum(1, true) / total;
+      at::Tensor var = (m2 + n * (mean - m).square()).sum(1, true) / total;
+      write(ins, dst, at::cat({m, var}, 1));
+      return;
+    }
+    case Kind::kScan: {
+      // ops: dst, data0, data1, [initial AP]; along the last free dim.
+      at::Tensor a = f32(v[1]), b = f32(v[2]);
+      const int64_t last = a.dim() - 1;
+      at::Tensor acc = ins.ints.at(0) ? per_partition(v[3], a.select(last, 0).unsqueeze(last)).squeeze(last)
+                                      : at::full_like(a.select(last, 0), ins.scalars.at(0));
+      at::Tensor out = at::empty_like(a);
+      for (int64_t i = 0; i < a.size(last); ++i) {
+        acc = alu(ins.fns[1], alu(ins.fns[0], acc, a.select(last, i)), b.select(last, i));
+        out.select(last, i).copy_(acc);
+      }
+      write(ins, dst, out);
+      return;
+    }
+    case Kind::kMax8:
+      write(ins, dst, std::get<0>(at::topk(f32(v[1]).reshape({v[1].size(0), -1}), 8, 1, true, true)));
+      return;
+    case Kind::kFindIndex8: {
+      at::Tensor data = f32(v[1]).reshape({v[1].size(0), 1, -1});
+      at::Tensor vals = f32(v[2]).reshape({v[2].size(0), -1, 1});
+      at::Tensor eq = at::eq(data, vals);  // (P, 8, F)
+      at::Tensor idx = at::argmax(eq.to(at::kByte), 2);  // first true (0 if none)
+      write(ins, dst, at::where(eq.any(2), idx, at::full_like(idx, -1)).to(at::kFloat));
+      return;
+    }
+    case Kind::kGather: {
+      at::Tensor data = v[1].reshape({v[1].size(0), -1});
+      at::Tensor idx = v[2].reshape({v[2].size(0), -1}).to(at::kLong);
+      const int64_t n = data.size(1);
+      TORCH_CHECK(idx.numel() == 0 || (idx.min().item<int64_t>() >= 0 && idx.max().item<int64_t>() < n),
+                  ins.name, ": an index is outside [0, ", n, ") of the data's free elements");
+      write(ins, dst, at::gather(data, 1, idx));
+      return;
+    }
+    case Kind::kRandom: {
+      auto gen = at::make_generator<at::CPUGeneratorImpl>(seed ^ static_cast<uint64_t>(ins.ints.at(0)));
+      write(ins, dst, at::rand(dst.sizes(), gen, at::TensorOptions().dtype(at::kFloat)));
+      return;
+    }
+  }
+}
+
+}  // namespace neuronx::nki

@@ -1,0 +1,137 @@
+// Python bindings of the kernel-language core (torch_neuronx._C._nki): the
+// front ends (torch_neuronx/nki) trace a kernel into a Program through these.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <torch/csrc/Dtype.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include "backend/bindings.h"
+#include "nki/alu.h"
+#include "nki/launch_op.h"
+#include "nki/program.h"
+
+namespace py = pybind11;
+
+namespace neuronx::nki {
+
+namespace {
+
+at::ScalarType dtype_of(const py::handle& o) {
+  if (!THPDtype_Check(o.ptr())) throw py::type_error("expected a torch.dtype");
+  return reinterpret_cast<THPDtype*>(o.ptr())->scalar_type;
+}
+
+const std::unordered_map<std::string, Kind>& kinds() {
+  static const std::unordered_map<std::string, Kind> k = {
+      {"fill", Kind::kFill},
+      {"const", Kind::kConst},
+      {"copy", Kind::kCopy},
+      {"matmul", Kind::kMatmul},
+      {"transpose", Kind::kTranspose},
+      {"activation", Kind::kActivation},
+      {"tensor_tensor", Kind::kTensorTensor},
+      {"tensor_scalar", Kind::kTensorScalar},
+      {"scalar_tensor_tensor", Kind::kScalarTensorTensor},
+      {"reduce", Kind::kReduce},
+      {"partition_reduce", Kind::kPartitionReduce},
+      {"select", Kind::kSelect},
+      {"where", Kind::kWhere},
+      {"bn_stats", Kind::kBnStats},
+      {"bn_aggr", Kind::kBnAggr},
+      {"scan", Kind::kScan},
+      {"random", Kind::kRandom},
+      {"max8", Kind::kMax8},
+      {"find_index8", Kind::kFindIndex8},
+      {"gather", Kind::kGather},
+  };
+  return k;
+}
+
+// (buffer, dtype, byte_offset, sizes, strides, role)
+Access access_of(const py::handle& h) {
+  auto t = h.cast<py::tuple>();
+  Access a;
+  a.buffer = t[0].cast<int>();
+  a.dtype = dtype_of(t[1]);
+  a.byte_offset = t[2].cast<int64_t>();
+  a.sizes = t[3].cast<std::vector<int64_t>>();
+  a.strides = t[4].cast<std::vector<int64_t>>();
+  a.role = t[5].cast<std::string>();
+  return a;
+}
+
+std::vector<at::Tensor> tensors_of(const py::list& l) {
+  std::vector<at::Tensor> v;
+  for (const auto& o : l) {
+    if (!THPVariable_Check(o.ptr())) throw py::type_error("expected tensors");
+    v.push_back(THPVariable_Unpack(o.ptr()));
+  }
+  return v;
+}
+
+}  // namespace
+
+void bind(py::module& parent) {
+  py::module m = parent.def_submodule("_nki", "NKI kernel-language core");
+  py::class_<Program, std::shared_ptr<Program>>(m, "Program")
+      .def(py::init<int64_t>())
+      .def("allocate",
+           [](Program& p, int space, py::handle dtype, int64_t partitions, int64_t free_elems, const std::string& what) {
+             try {
+               return p.allocate(static_cast<Space>(space), dtype_of(dtype), partitions, free_elems, what);
+             } catch (const std::length_error& e) {  // on-chip memory full: MemoryError, as out of memory
+               PyErr_SetString(PyExc_MemoryError, e.what());
+               throw py::error_already_set();
+             }
+           })
+      .def("free", [](Program& p, int space, int64_t offset) { p.free(static_cast<Space>(space), offset); })
+      .def("add_hbm", [](Program& p, py::handle dtype, std::vector<int64_t> sizes) {
+        return p.add_hbm(dtype_of(dtype), std::move(sizes));
+      })
+      .def("emit",
+           [](Program& p, const std::string& kind, const std::string& name, const py::list& ops,
+              std::vector<std::string> fns, std::vector<double> scalars, std::vector<int64_t> ints,
+              std::optional<at::Tensor> mask, std::optional<at::Tensor> constant, const std::string& where) {
+             auto k = kinds().find(kind);
+             if (k == kinds().end()) throw py::value_error("unknown NKI instruction kind " + kind);
+             Instruction ins{k->second, name};
+             for (const auto& o : ops) ins.ops.push_back(access_of(o));
+             ins.fns = std::move(fns);
+             ins.scalars = std::move(scalars);
+             ins.ints = std::move(ints);
+             ins.mask = std::move(mask);
+             ins.constant = std::move(constant);
+             ins.where = where;
+             p.emit(std::move(ins));
+           },
+           py::arg("kind"), py::arg("name"), py::arg("ops"), py::arg("fns") = std::vector<std::string>{},
+           py::arg("scalars") = std::vector<double>{}, py::arg("ints") = std::vector<int64_t>{},
+           py::arg("mask") = std::nullopt, py::arg("constant") = std::nullopt, py::arg("where") = "")
+      .def("run", [](const Program& p, const py::list& hbm) {
+        auto v = tensors_of(hbm);
+        py::gil_scoped_release nogil;
+        p.run(v);
+      })
+      .def("register", [](std::shared_ptr<Program> p) { return register_program(p); })
+      .def_property_readonly("num_instructions", [](const Program& p) { return p.instructions().size(); })
+      .def_property_readonly("sbuf_peak", [](const Program& p) { return p.allocator(Space::kSbuf).peak(); })
+      .def_property_readonly("psum_peak", [](const Program& p) { return p.allocator(Space::kPsum).peak(); })
+      .def("instruction_names", [](const Program& p) {
+        std::vector<std::string> n;
+        for (const auto& i : p.instructions()) n.push_back(i.name);
+        return n;
+      });
+  m.def("target", [] {
+    const Target& t = target();
+    return py::dict(py::arg("name") = t.name, py::arg("nc_version") = t.nc_version,
+                    py::arg("partitions") = t.partitions, py::arg("sbuf_partition_bytes") = t.sbuf_partition_bytes,
+                    py::arg("psum_partition_bytes") = t.psum_partition_bytes,
+                    py::arg("psum_bank_bytes") = t.psum_bank_bytes);
+  });
+  m.def("reload_target", [] { reload_target(); });
+  m.def("is_alu_op", &is_alu_op);
+  m.def("is_activation", &is_activation);
+}
+
+}  // namespace neuronx::nki

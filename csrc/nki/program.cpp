@@ -1,0 +1,140 @@
+#include "nki/program.h"
+
+#include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
+#include <c10/util/Exception.h>
+
+#include <limits>
+#include <stdexcept>
+
+namespace neuronx::nki {
+
+int64_t Access::numel() const {
+  int64_t n = 1;
+  for (int64_t s : sizes) n *= s;
+  return n;
+}
+
+Program::Program(int64_t num_args)
+    : num_args_(num_args),
+      sbuf_(Space::kSbuf, target().sbuf_partition_bytes, 64),
+      psum_(Space::kPsum, target().psum_partition_bytes, target().psum_bank_bytes) {}
+
+int64_t Program::allocate(Space space, at::ScalarType dtype, int64_t partitions, int64_t free_elems,
+                          const std::string& what) {
+  const Target& t = target();
+  if (partitions > t.partitions)
+    throw std::invalid_argument(std::string(space_name(space)) + " tensor " + what + " partition dimension " +
+                                std::to_string(partitions) + " exceeds maximum " + std::to_string(t.partitions));
+  const int64_t bytes = free_elems * static_cast<int64_t>(c10::elementSize(dtype));
+  if (space == Space::kPsum && bytes > t.psum_bank_bytes)
+    throw std::invalid_argument("PSUM tensor " + what + " needs " + std::to_string(bytes) +
+                                " bytes per partition; a PSUM tile must fit one " +
+                                std::to_string(t.psum_bank_bytes) + "-byte bank (at most " +
+                                std::to_string(t.psum_bank_bytes / 4) + " fp32 per partition)");
+  TileAllocator& a = space == Space::kPsum ? psum_ : sbuf_;
+  const int64_t off = a.allocate(bytes, what);
+  // New tiles hold garbage on hardware: NaN (floats) or a sentinel (ints)
+  // makes a read of never-written memory visible in results.
+  Instruction fill{Kind::kFill, "<allocate>"};
+  Access& d = fill.ops.emplace_back();
+  d.buffer = space == Space::kPsum ? kPsumBuffer : kSbufBuffer;
+  d.dtype = dtype;
+  d.byte_offset = off;
+  d.sizes = {partitions, free_elems};
+  const int64_t partition_bytes = space == Space::kPsum ? t.psum_partition_bytes : t.sbuf_partition_bytes;
+  d.strides = {partition_bytes / static_cast<int64_t>(c10::elementSize(dtype)), 1};
+  d.role = what;
+  fill.scalars = {c10::isFloatingType(dtype) ? std::numeric_limits<double>::quiet_NaN() : 4.0};
+  code_.push_back(std::move(fill));
+  return off;
+}
+
+void Program::free(Space space, int64_t offset) { (space == Space::kPsum ? psum_ : sbuf_).free(offset); }
+
+int Program::add_hbm(at::ScalarType dtype, std::vector<int64_t> sizes) {
+  hbm_.push_back({dtype, std::move(sizes)});
+  return static_cast<int>(kFirstHbmBuffer + num_args_ + hbm_.size() - 1);
+}
+
+void Program::emit(Instruction ins) {
+  check_instruction(ins, target());
+  code_.push_back(std::move(ins));
+}
+
+namespace {
+
+// A view of an access on its buffer, after checking it stays inside it. ATen
+// views cannot have negative strides: such dims are viewed ascending from
+// their lowest address and listed in `reversed` (from_blob must never see a
+// negative stride: its size computation cannot fail cleanly).
+at::Tensor view_of(const Access& a, const at::Tensor& buffer, const std::string& instr,
+                   std::vector<int64_t>& reversed) {
+  const int64_t item = static_cast<int64_t>(c10::elementSize(a.dtype));
+  int64_t lo = a.byte_offset, hi = a.byte_offset;
+  std::vector<int64_t> strides = a.strides;
+  reversed.clear();
+  for (size_t i = 0; i < a.sizes.size(); ++i) {
+    if (a.sizes[i] == 0) return at::empty(a.sizes, at::TensorOptions().dtype(a.dtype));
+    const int64_t span = (a.sizes[i] - 1) * a.strides[i] * item;
+    if (span < 0) {
+      lo += span;
+      strides[i] = -strides[i];
+      reversed.push_back(static_cast<int64_t>(i));
+    } else {
+      hi += span;
+    }
+  }
+  hi += item;
+  const int64_t nbytes = static_cast<int64_t>(buffer.storage().nbytes()) - buffer.storage_offset() * buffer.element_size();
+  TORCH_CHECK(lo >= 0 && hi <= nbytes, instr, ": ", a.role, " reaches bytes [", lo, ", ", hi,
+              ") outside its buffer of ", nbytes, " bytes");
+  auto* base = static_cast<uint8_t*>(buffer.data_ptr()) + lo;
+  return at::from_blob(base, a.sizes, strides, at::TensorOptions().dtype(a.dtype));
+}
+
+// The arenas of the thread running programs (a queue's engine, or the host
+// for NumPy runs), kept between runs.
+at::Tensor& arena(int which, int64_t bytes) {
+  thread_local at::Tensor arenas[2];
+  at::Tensor& a = arenas[which];
+  if (!a.defined() || a.numel() != bytes) a = at::empty({bytes}, at::TensorOptions().dtype(at::kByte));
+  return a;
+}
+
+}  // namespace
+
+void Program::run(const std::vector<at::Tensor>& hbm) const {
+  const Target& t = target();
+  TORCH_CHECK(static_cast<int64_t>(hbm.size()) == num_args_ + static_cast<int64_t>(hbm_.size()),
+              "NKI program expects ", num_args_ + hbm_.size(), " HBM tensors, got ", hbm.size());
+  std::vector<const at::Tensor*> buffers;
+  buffers.push_back(&arena(0, t.partitions * t.sbuf_partition_bytes));
+  buffers.push_back(&arena(1, t.partitions * t.psum_partition_bytes));
+  for (const at::Tensor& h : hbm) buffers.push_back(&h);
+  thread_local uint64_t runs = 0;
+  const uint64_t seed = 0x9E3779B97F4A7C15ull * ++runs;
+  std::vector<at::Tensor> views;
+  std::vector<int64_t> reversed;
+  for (const Instruction& ins : code_) {
+    views.clear();
+    at::Tensor dst_ascending;
+    std::vector<int64_t> dst_reversed;
+    for (size_t i = 0; i < ins.ops.size(); ++i) {
+      const Access& a = ins.ops[i];
+      at::Tensor v = view_of(a, *buffers.at(a.buffer), ins.name, reversed);
+      if (!reversed.empty()) {
+        if (i == 0) {  // the destination: computed in a copy, written back reversed
+          dst_ascending = v;
+          dst_reversed = reversed;
+        }
+        v = v.flip(reversed);
+      }
+      views.push_back(std::move(v));
+    }
+    execute(ins, views, seed);
+    if (dst_ascending.defined()) dst_ascending.copy_(views[0].flip(dst_reversed));
+  }
+}
+
+}  // namespace neuronx::nki

@@ -1,0 +1,113 @@
+#pragma once
+// A traced NKI kernel: the instructions its Python body issued, over access
+// patterns into the kernel's HBM tensors and the core's on-chip memories.
+// The body runs once per call on the host (issuing, allocating and checking);
+// the program then executes in C++ on tile buffers with ATen's math, on the
+// device's queue for neuron tensors or at once for NumPy arrays.
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "nki/target.h"
+#include "nki/tile_allocator.h"
+
+namespace neuronx::nki {
+
+// Buffers 0 and 1 are the SBUF and PSUM arenas; 2 + i is HBM tensor i (the
+// kernel's arguments first, then tensors the kernel allocated in HBM).
+constexpr int kSbufBuffer = 0, kPsumBuffer = 1, kFirstHbmBuffer = 2;
+
+struct Access {
+  int buffer = 0;
+  at::ScalarType dtype = at::kFloat;
+  int64_t byte_offset = 0;          // from the buffer's start (on-chip: within partition 0)
+  std::vector<int64_t> sizes;       // partition dim first for on-chip accesses
+  std::vector<int64_t> strides;     // in elements of dtype
+  std::string role;                 // operand name in messages ("data1", "stationary")
+
+  Space space() const {
+    return buffer == kSbufBuffer ? Space::kSbuf : buffer == kPsumBuffer ? Space::kPsum : Space::kHbm;
+  }
+  bool on_chip() const { return buffer < kFirstHbmBuffer; }
+  int64_t numel() const;
+};
+
+enum class Kind : uint8_t {
+  kFill,              // dst = value (NaN fill of new tiles, memset)
+  kConst,             // dst = a host constant (iota, shared_constant, affine_select's mask)
+  kCopy,              // dst = src, converting dtype (DMA, tensor_copy)
+  kMatmul,            // dst (PSUM) [+]= stationaryᵀ · moving, fp32 accumulation
+  kTranspose,         // dst = srcᵀ (2-D)
+  kActivation,        // dst = f(src * scale + bias) [, reduce_res = Σ over the free dims]
+  kTensorTensor,      // dst = a op b
+  kTensorScalar,      // dst = (src op0 s0) op1 s1 [, reduce_res = reduce(dst)]
+  kScalarTensorTensor,// dst = (a op0 s0) op1 b
+  kReduce,            // dst = reduce(src) over free axes
+  kPartitionReduce,   // dst = reduce(src) over the partition dim
+  kSelect,            // dst = mask ? src : value
+  kWhere,             // dst = cond ? a : b
+  kBnStats,           // per-partition mean and variance pieces of src
+  kBnAggr,            // combine bn_stats into mean, variance
+  kScan,              // tensor_tensor_scan: dst[i] = (dst[i-1] op0 a[i]) op1 b[i]
+  kRandom,            // dst = uniform [0, 1) from the kernel's seed (dropout/rand)
+  kMax8,              // dst (P, 8) = the 8 largest values per partition, descending
+  kFindIndex8,
+  kGather,            // dst[p, k] = data[p, indices[p, k]] over data's flattened free dims        // dst (P, 8) = index of the first occurrence of each of vals' 8 values in data
+};
+
+struct Instruction {
+  Kind kind;
+  std::string name;                      // the NKI instruction ("tensor_tensor")
+  std::vector<Access> ops;               // ops[0] is the destination
+  std::vector<std::string> fns;          // ALU/activation/reduce function names
+  std::vector<double> scalars;
+  std::vector<int64_t> ints;
+  std::optional<at::Tensor> mask;        // bool, dst's sizes: only where true is written
+  std::optional<at::Tensor> constant;    // kConst's values
+  std::string where;                     // kernel file:line
+};
+
+struct HbmBuffer {
+  at::ScalarType dtype;
+  std::vector<int64_t> sizes;
+};
+
+class Program {
+ public:
+  explicit Program(int64_t num_args);
+
+  // On-chip allocation (capacity checked, NaN/sentinel fill recorded).
+  int64_t allocate(Space space, at::ScalarType dtype, int64_t partitions, int64_t free_elems,
+                   const std::string& what);
+  void free(Space space, int64_t offset);
+  // An HBM tensor the kernel allocates (its outputs, scratch): its buffer index.
+  int add_hbm(at::ScalarType dtype, std::vector<int64_t> sizes);
+  // Checks the instruction against the target's limits (throws
+  // std::invalid_argument with the instruction, operand and limit), then appends it.
+  void emit(Instruction ins);
+
+  // Runs the instructions over hbm (the arguments, then kernel-allocated
+  // tensors, as add_hbm numbered them), all CPU tensors.
+  void run(const std::vector<at::Tensor>& hbm) const;
+
+  int64_t num_args() const { return num_args_; }
+  const std::vector<HbmBuffer>& hbm_buffers() const { return hbm_; }
+  const std::vector<Instruction>& instructions() const { return code_; }
+  const TileAllocator& allocator(Space s) const { return s == Space::kPsum ? psum_ : sbuf_; }
+
+ private:
+  int64_t num_args_;
+  std::vector<HbmBuffer> hbm_;
+  std::vector<Instruction> code_;
+  TileAllocator sbuf_, psum_;
+};
+
+// Checks (checks.cpp): throw std::invalid_argument.
+void check_instruction(const Instruction& ins, const Target& t);
+// Execution of one instruction on views (instructions.cpp).
+void execute(const Instruction& ins, const std::vector<at::Tensor>& views, uint64_t seed);
+
+}  // namespace neuronx::nki

@@ -1,0 +1,224 @@
+"""Issuing instructions to the core from a kernel being traced: the current
+trace, new tiles, dtype promotion, masks and bounds checks."""
+from __future__ import annotations
+
+import math
+import os
+import sys
+import threading
+
+import torch
+
+from ._index import Mask
+from ._tensor import (HBM, PSUM, PSUM_BUFFER, SBUF, SBUF_BUFFER, NkiTensor, View, as_view, is_tile, itemsize,
+                      par_dim)
+
+_local = threading.local()
+_PKG_DIR = os.path.dirname(__file__)
+
+
+def current():
+    """The kernel instance being traced on this thread."""
+    t = getattr(_local, "trace", None)
+    if t is None:
+        raise RuntimeError("NKI language functions can only be called inside a kernel launched through "
+                           "nki.jit / nki.baremetal / nki.simulate_kernel")
+    return t
+
+
+def set_current(trace):
+    prev = getattr(_local, "trace", None)
+    _local.trace = trace
+    return prev
+
+
+def kernel_line():
+    """file:line of the innermost kernel frame (outside this package)."""
+    f = sys._getframe(1)
+    while f is not None and os.path.dirname(f.f_code.co_filename) == _PKG_DIR:
+        f = f.f_back
+    return f"{f.f_code.co_filename}:{f.f_lineno}" if f is not None else "?"
+
+
+# -- dtypes ------------------------------------------------------------------
+_FLOAT_RANK = {torch.float8_e4m3fn: 0, torch.float8_e5m2: 0, torch.bfloat16: 1, torch.float16: 1, torch.float32: 2}
+
+
+def promote(a, b):
+    """NKI's promotion of two operand dtypes (Python scalars are weakly typed: int→int32, float→float32)."""
+    if a == b:
+        return a
+    fa, fb = a.is_floating_point, b.is_floating_point
+    if fa and not fb:
+        return a
+    if fb and not fa:
+        return b
+    if fa and fb:
+        ra, rb = _FLOAT_RANK.get(a, 2), _FLOAT_RANK.get(b, 2)
+        if ra == rb:
+            return torch.bfloat16 if ra == 0 else torch.float32  # fp8 pair → bf16, fp16+bf16 → fp32
+        return a if ra > rb else b
+    if {a, b} == {torch.int32, torch.uint32}:
+        return torch.float32
+    return torch.promote_types(a, b)
+
+
+def scalar_dtype(v):
+    if isinstance(v, bool):
+        return torch.uint8
+    if isinstance(v, int):
+        return torch.int32
+    return torch.float32
+
+
+def result_dtype(*operands):
+    d = None
+    for o in operands:
+        od = o.tdtype if is_tile(o) else scalar_dtype(o)
+        d = od if d is None else promote(d, od)
+    return d
+
+
+# -- tiles ---------------------------------------------------------------------
+def _space_of(buffer):
+    if buffer is None:
+        return SBUF
+    return getattr(buffer, "space", buffer)
+
+
+def new_tensor(shape, dtype, buffer=None, name=""):
+    """nl.ndarray: an SBUF/PSUM tile (NaN-filled) or an HBM tensor."""
+    tr = current()
+    dtype = _dtype(dtype)
+    space = _space_of(buffer)
+    dims = list(shape) if isinstance(shape, (tuple, list)) else [shape]
+    pa = next((i for i, s in enumerate(dims) if isinstance(s, par_dim)), 0)
+    shape = tuple(int(s) for s in dims)
+    if any(s < 0 for s in shape):
+        raise ValueError(f"negative dimension in shape {shape}")
+    name = name or tr.auto_name()
+    if space == HBM:
+        return tr.hbm_tensor(shape, dtype, name, shared=getattr(buffer, "name", "") == "shared_hbm")
+    if len(shape) < 1:
+        raise ValueError(f"an SBUF/PSUM tensor needs a partition dimension, got shape {shape}")
+    P = shape[pa]
+    blocks, free = shape[:pa], shape[pa + 1:]
+    nfree = math.prod(free)
+    where = kernel_line()
+    try:
+        off = tr.program.allocate(space, dtype, P, math.prod(blocks) * nfree, f"'{name}' {list(shape)} {_dname(dtype)}")
+    except MemoryError as e:
+        raise MemoryError(f"{e} (at {where})") from None
+    except ValueError as e:
+        raise ValueError(f"{e} (at {where})") from None
+    pstride = tr.partition_bytes(space) // itemsize(dtype)
+    strides = [0] * len(shape)
+    s = 1
+    for i in range(len(shape) - 1, pa, -1):
+        strides[i] = s
+        s *= shape[i]
+    strides[pa] = pstride
+    for i in range(pa - 1, -1, -1):
+        strides[i] = s
+        s *= shape[i]
+    return NkiTensor(tr, SBUF_BUFFER if space == SBUF else PSUM_BUFFER, space, shape, dtype, strides, off, pa, name,
+                     alloc_offset=off)
+
+
+def new_tile(shape, dtype, space=SBUF, name=""):
+    from ._tensor import MemorySpace
+    return new_tensor(tuple(shape), dtype, MemorySpace("psum" if space == PSUM else "sbuf", space), name)
+
+
+def _dtype(d):
+    from ._tensor import to_dtype
+    return to_dtype(d)
+
+
+def _dname(d):
+    return str(d).replace("torch.", "")
+
+
+# -- issuing -------------------------------------------------------------------
+def _check_bounds(view, mask_t):
+    msg = view.bounds_error()
+    if msg is None:
+        return
+    if mask_t is not None:
+        # exact check over the positions the mask keeps
+        t = view.tensor
+        for k, n in enumerate(t.shape):
+            idx = torch.full(view.sizes, view.consts[k], dtype=torch.int64)
+            for d, s in enumerate(view.sizes):
+                shp = [1] * len(view.sizes)
+                shp[d] = s
+                idx = idx + view.coeffs[k][d] * torch.arange(s).view(shp)
+            kept = idx[mask_t]
+            if kept.numel() and (kept.min() < 0 or kept.max() >= n):
+                break
+        else:
+            return
+    t = view.tensor
+    raise IndexError(msg)
+
+
+def issue(kind, name, dst, srcs=(), fns=(), scalars=(), ints=(), mask=None, constant=None, same_shape=True,
+          roles=None):
+    """Emits one instruction on views ``dst`` and ``srcs``.
+
+    A mask is evaluated over the instruction's iteration space: dst's shape for
+    elementwise instructions (``same_shape``), the first source's otherwise
+    (a reduction iterates over its input). Every operand is narrowed to the box
+    the mask keeps along the dims it shares with that space; what remains of a
+    non-rectangular mask guards dst's writes elementwise."""
+    tr = current()
+    ops = [dst] + list(srcs)
+    space_i = 0 if same_shape or not srcs else 1
+    space = ops[space_i]
+    mask_t = None
+    if mask is not None:
+        if not isinstance(mask, Mask):
+            raise TypeError("mask= takes comparisons of nl.arange/nl.mgrid/loop indices, e.g. mask=(i_p < n)")
+        mask_t = mask.evaluate(space.sizes)
+        if not bool(mask_t.any()):
+            return  # nothing is written
+        box = []
+        for d in range(mask_t.dim()):
+            other = [i for i in range(mask_t.dim()) if i != d]
+            keep = mask_t.any(dim=other) if other else mask_t
+            nz = torch.nonzero(keep).flatten()
+            box.append((int(nz[0]), int(nz[-1]) + 1))
+        if any(b != (0, s) for b, s in zip(box, space.sizes)):
+            for i, v in enumerate(ops):
+                if len(v.sizes) != len(space.sizes):
+                    continue
+                for d, (a, b) in enumerate(box):
+                    if v.sizes[d] == space.sizes[d] and (a, b) != (0, v.sizes[d]):
+                        v = v.narrow(d, a, b - a)
+                ops[i] = v
+            mask_t = mask_t[tuple(slice(a, b) for a, b in box)]
+        if bool(mask_t.all()):
+            mask_t = None
+        elif space_i != 0:
+            raise ValueError(f"{name}: masks on this instruction must keep a rectangular region "
+                             f"(comparisons of one index each)")
+    roles = roles or ["dst"] + [f"src{i}" for i in range(len(srcs))]
+    for v in ops:
+        _check_bounds(v, mask_t)
+    if any(0 in v.sizes for v in ops):
+        return
+    accesses = [v.access(r) for v, r in zip(ops, roles)]
+    tr.program.emit(kind, name, accesses, list(fns), [float(s) for s in scalars], [int(i) for i in ints],
+                    mask_t.contiguous() if mask_t is not None else None, constant, "")
+    tr.count(name)
+
+
+def require_space(x, allowed, op, param):
+    """The Gen-1 check of an operand's address space."""
+    v = as_view(x)
+    names = {HBM: "hbm", SBUF: "sbuf", PSUM: "psum"}
+    if v.space not in allowed:
+        want = "|".join(names[s] for s in allowed)
+        raise TypeError(f"Expected operand '{param}' of '{op}' to be in address space '{want}', "
+                        f"but got a tile in '{names[v.space]}' instead.")
+    return v

@@ -1,0 +1,522 @@
+"""Tensors a kernel sees (HBM arguments and allocations, SBUF/PSUM tiles) and
+the access patterns that indexing them makes.
+
+A :class:`View` is an affine map from its own index space (``sizes``) onto
+its tensor's dimensions: ``index_k = consts[k] + sum_d coeffs[k][d] * i_d``.
+It becomes an access pattern of the core (buffer, byte offset, sizes,
+element strides) when an instruction uses it.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from . import _index
+from ._index import DynSlice, IndexExpr
+
+# Spaces as the C++ core numbers them, and its buffer numbering.
+HBM, SBUF, PSUM = 0, 1, 2
+SBUF_BUFFER, PSUM_BUFFER, FIRST_HBM_BUFFER = 0, 1, 2
+
+
+class MemorySpace:
+    """``nl.sbuf``, ``nl.psum``, ``nl.hbm``, ``nl.shared_hbm``, ``nl.private_hbm``."""
+
+    def __init__(self, name, space):
+        self.name, self.space = name, space
+
+    def __repr__(self):
+        return f"nl.{self.name}"
+
+    def mod_alloc(self, *args, **kwargs):
+        """Manual allocation (``ncc.sbuf.mod_alloc``): placed by our allocator, with its capacity checks."""
+        return self
+
+    def view(self, dtype, shape):  # Gen-2 buffer.view(dtype, shape) is not used by the core
+        raise NotImplementedError("buffer views are not supported; allocate with nl.ndarray")
+
+
+class par_dim:
+    """Marks the partition dimension of an on-chip shape: ``(4, nl.par_dim(128), 512)``."""
+
+    def __init__(self, size):
+        self.size = int(size)
+
+    def __index__(self):
+        return self.size
+
+    def __int__(self):
+        return self.size
+
+    def __repr__(self):
+        return f"par_dim({self.size})"
+
+
+_NUMPY_TO_TORCH = {
+    np.dtype(np.float32): torch.float32, np.dtype(np.float16): torch.float16, np.dtype(np.float64): torch.float64,
+    np.dtype(np.int8): torch.int8, np.dtype(np.int16): torch.int16, np.dtype(np.int32): torch.int32,
+    np.dtype(np.int64): torch.int64, np.dtype(np.uint8): torch.uint8, np.dtype(np.uint16): torch.uint16,
+    np.dtype(np.uint32): torch.uint32, np.dtype(np.bool_): torch.bool,
+}
+_NAMED = {"bfloat16": torch.bfloat16, "float8_e4m3": torch.float8_e4m3fn, "float8_e4m3fn": torch.float8_e4m3fn,
+          "float8_e5m2": torch.float8_e5m2, "tfloat32": torch.float32, "float32": torch.float32,
+          "float16": torch.float16, "bool_": torch.bool}
+
+
+def to_dtype(d):
+    """A torch dtype from an NKI, NumPy (incl. ml_dtypes) or torch dtype."""
+    if d is None or isinstance(d, torch.dtype):
+        return d
+    if isinstance(d, str) and d in _NAMED:
+        return _NAMED[d]
+    try:
+        nd = np.dtype(d)
+    except TypeError:
+        raise TypeError(f"{d!r} is not a dtype") from None
+    if nd.name in _NAMED:
+        return _NAMED[nd.name]
+    if nd.kind == "V" and nd.itemsize == 4:  # nl.tfloat32
+        return torch.float32
+    if nd in _NUMPY_TO_TORCH:
+        return _NUMPY_TO_TORCH[nd]
+    raise TypeError(f"dtype {nd} is not an NKI dtype")
+
+
+try:
+    import ml_dtypes as _ml
+    _NKI_NAMES = {torch.bfloat16: np.dtype(_ml.bfloat16), torch.float8_e4m3fn: np.dtype(_ml.float8_e4m3),
+                  torch.float8_e5m2: np.dtype(_ml.float8_e5m2)}
+except ImportError:  # without ml_dtypes, the low-precision NKI dtypes are torch's
+    _NKI_NAMES = {torch.bfloat16: torch.bfloat16, torch.float8_e4m3fn: torch.float8_e4m3fn,
+                  torch.float8_e5m2: torch.float8_e5m2}
+_TORCH_TO_NUMPY = {t: n for n, t in _NUMPY_TO_TORCH.items()}
+
+
+def nki_dtype(t):
+    """The NKI dtype (a NumPy dtype, ml_dtypes for bf16/fp8) of a torch dtype."""
+    return _NKI_NAMES.get(t) or _TORCH_TO_NUMPY[t]
+
+
+def itemsize(dtype):
+    return torch.empty((), dtype=dtype).element_size()
+
+
+class TileMath:
+    """Operators on tiles: ``a + b``, ``a * 2.0``, ``-a``, comparisons, ``a += b``."""
+
+    def _lang(self):
+        from . import language
+        return language
+
+    def __add__(self, o): return self._lang().add(self, o)
+    def __radd__(self, o): return self._lang().add(o, self)
+    def __sub__(self, o): return self._lang().subtract(self, o)
+    def __rsub__(self, o): return self._lang().subtract(o, self)
+    def __mul__(self, o): return self._lang().multiply(self, o)
+    def __rmul__(self, o): return self._lang().multiply(o, self)
+    def __truediv__(self, o): return self._lang().divide(self, o)
+    def __rtruediv__(self, o): return self._lang().divide(o, self)
+    def __pow__(self, o): return self._lang().power(self, o)
+    def __neg__(self): return self._lang().negative(self)
+    def __abs__(self): return self._lang().abs(self)
+    def __lt__(self, o): return self._lang().less(self, o)
+    def __le__(self, o): return self._lang().less_equal(self, o)
+    def __gt__(self, o): return self._lang().greater(self, o)
+    def __ge__(self, o): return self._lang().greater_equal(self, o)
+    def __and__(self, o): return self._lang().bitwise_and(self, o)
+    def __or__(self, o): return self._lang().bitwise_or(self, o)
+    def __xor__(self, o): return self._lang().bitwise_xor(self, o)
+    def __invert__(self): return self._lang().invert(self)
+    def __matmul__(self, o): return self._lang().matmul(self, o)
+
+    def _inplace(self, op, o):
+        self._lang()._update(self.view_all(), op, o)
+        return self
+
+    def __iadd__(self, o): return self._inplace("add", o)
+    def __isub__(self, o): return self._inplace("subtract", o)
+    def __imul__(self, o): return self._inplace("multiply", o)
+    def __itruediv__(self, o): return self._inplace("divide", o)
+
+    __hash__ = object.__hash__
+
+    # tensor methods of Gen-1's nki.tensor
+    def broadcast_to(self, shape):
+        return self.view_all().broadcast_to(shape)
+
+    def expand_dims(self, axis):
+        return self._lang().expand_dims(self, axis)
+
+    def astype(self, dtype):
+        return self._lang().copy(self, dtype=dtype)
+
+    def assert_shape(self, shape):
+        if tuple(self.shape) != tuple(shape):
+            raise AssertionError(f"shape {list(self.shape)} does not match the expected shape {list(shape)}")
+        return self
+
+    @property
+    def itemsize(self):
+        return itemsize(self.tdtype)
+
+
+class NkiTensor(TileMath):
+    """A tensor in HBM (a kernel argument or an allocation) or a tile in SBUF/PSUM."""
+
+    def __init__(self, trace, buffer, space, shape, dtype, strides, byte_offset=0, partition_axis=0, name="",
+                 alloc_offset=None):
+        self.trace, self.buffer, self.space = trace, buffer, space
+        self.shape, self.tdtype = tuple(int(s) for s in shape), dtype
+        self.strides, self.byte_offset = tuple(strides), byte_offset
+        self.partition_axis, self.name = partition_axis, name
+        self._alloc_offset = alloc_offset
+
+    def __del__(self):
+        if self._alloc_offset is not None and self.trace is not None and self.trace.active:
+            self.trace.program.free(self.space, self._alloc_offset)
+            self._alloc_offset = None
+
+    @property
+    def ndim(self):
+        return len(self.shape)
+
+    @property
+    def dtype(self):
+        """The NKI dtype (NumPy's; ``nl.float32`` compares equal)."""
+        return nki_dtype(self.tdtype)
+
+    @property
+    def buffer_space(self):
+        return {HBM: "hbm", SBUF: "sbuf", PSUM: "psum"}[self.space]
+
+    def view_all(self):
+        n = len(self.shape)
+        return View(self, self.shape, [0] * n, [tuple(int(d == k) for d in range(n)) for k in range(n)])
+
+    def __getitem__(self, key):
+        return self.view_all()[key]
+
+    def __setitem__(self, key, value):
+        self._lang()._into(self.view_all()[key], value)
+
+    def reshape(self, shape):
+        """The same memory in another shape (a contiguous tensor; on-chip the partition dim stays)."""
+        shape = [int(s) for s in shape]
+        if shape.count(-1) == 1:
+            known = math.prod(s for s in shape if s != -1)
+            shape[shape.index(-1)] = math.prod(self.shape) // known if known else 0
+        shape = tuple(shape)
+        if math.prod(shape) != math.prod(self.shape):
+            raise ValueError(f"cannot reshape {self.shape} into {shape}")
+        row = lambda sh: [math.prod(sh[k + 1:]) for k in range(len(sh))]  # noqa: E731
+        if self.space == HBM and list(self.strides) == row(self.shape):
+            alias = NkiTensor(self.trace, self.buffer, self.space, shape, self.tdtype, row(shape), self.byte_offset,
+                              None, self.name)
+        elif (self.space != HBM and self.partition_axis == 0 and shape and shape[0] == self.shape[0]
+              and list(self.strides[1:]) == row(self.shape)[1:]):
+            alias = NkiTensor(self.trace, self.buffer, self.space, shape, self.tdtype,
+                              [self.strides[0]] + row(shape)[1:], self.byte_offset, 0, self.name)
+        else:
+            return self.view_all().reshape(shape)
+        alias._base = self  # keeps the allocation alive
+        return alias
+
+    def __getattr__(self, name):
+        # Gen-2 view methods (ap, slice, select, permute, ...) of the whole tensor
+        if name in ("ap", "slice", "select", "permute", "broadcast", "expand_dim", "squeeze_dim"):
+            return getattr(self.view_all(), name)
+        raise AttributeError(f"'NkiTensor' object has no attribute '{name}'")
+
+    def __repr__(self):
+        return f"NkiTensor({self.name or '?'}, {self.buffer_space}, shape={self.shape}, dtype={self.dtype})"
+
+
+class View(TileMath):
+    """An access pattern: ``sizes`` mapped affinely onto ``tensor``'s dimensions."""
+
+    __slots__ = ("tensor", "sizes", "consts", "coeffs")
+
+    def __init__(self, tensor, sizes, consts, coeffs):
+        self.tensor, self.sizes = tensor, tuple(int(s) for s in sizes)
+        self.consts, self.coeffs = list(consts), [tuple(c) for c in coeffs]
+
+    # the attributes kernels read
+    shape = property(lambda self: self.sizes)
+    dtype = property(lambda self: self.tensor.dtype)
+    tdtype = property(lambda self: self.tensor.tdtype)
+    ndim = property(lambda self: len(self.sizes))
+    space = property(lambda self: self.tensor.space)
+    buffer_space = property(lambda self: self.tensor.buffer_space)
+
+    def view_all(self):
+        return self
+
+    # -- indexing -------------------------------------------------------
+    def __getitem__(self, key):
+        if not isinstance(key, tuple):
+            key = (key,)
+        n = len(self.sizes)
+        if any(k is Ellipsis for k in key):
+            i = next(i for i, k in enumerate(key) if k is Ellipsis)
+            key = key[:i] + (slice(None),) * (n - len(key) + 1) + key[i + 1:]
+        if len(key) > n:
+            raise IndexError(f"too many indices: {len(key)} for a tensor of {n} dimensions {self.sizes}")
+        key = tuple(k.as_slice() if isinstance(k, DynSlice) else k for k in key) + (slice(None),) * (n - len(key))
+        if self.tensor.space != HBM:
+            key = self._on_chip_key(key)
+        exprs = [k for k in key if isinstance(k, IndexExpr)]
+        bshape = _index.broadcast_shapes(*[e.shape for e in exprs]) if exprs else ()
+        nb = len(bshape)
+        slice_dims = [j for j, k in enumerate(key) if isinstance(k, slice)]
+        sizes = list(bshape)
+        per_dim = []  # for each of our dims: (const, coeffs over the new dims)
+        for j, k in enumerate(key):
+            if isinstance(k, IndexExpr):
+                co = [0] * (nb + len(slice_dims))
+                for a, c in k.terms.items():
+                    if k.shape[a] != 1:
+                        co[nb + a] += c
+                per_dim.append((k.const, co))
+            elif isinstance(k, slice):
+                start = 0 if k.start is None else int(k.start)
+                stop = self.sizes[j] if k.stop is None else int(k.stop)
+                step = 1 if k.step is None else int(k.step)
+                if step <= 0:
+                    raise IndexError("NKI slices need a positive step")
+                co = [0] * (nb + len(slice_dims))
+                co[len(sizes)] = step
+                sizes.append(max(0, len(range(start, stop, step))))
+                per_dim.append((start, co))
+            elif isinstance(k, (int, np.integer)) or hasattr(k, "__index__"):
+                i = int(k)
+                if i < 0:
+                    i += self.sizes[j]
+                if not 0 <= i < self.sizes[j]:
+                    raise IndexError(f"index {int(k)} is out of bounds for dimension {j} with size {self.sizes[j]}")
+                per_dim.append((i, [0] * (nb + len(slice_dims))))
+            else:
+                raise IndexError(f"unsupported index {k!r}: use ints, slices, nl.ds, nl.arange/nl.mgrid expressions")
+        # compose with our own map onto the tensor
+        consts, coeffs = [], []
+        for k in range(len(self.consts)):
+            c = self.consts[k] + sum(self.coeffs[k][j] * per_dim[j][0] for j in range(n))
+            co = tuple(sum(self.coeffs[k][j] * per_dim[j][1][d] for j in range(n)) for d in range(len(sizes)))
+            consts.append(c)
+            coeffs.append(co)
+        return View(self.tensor, sizes, consts, coeffs)
+
+    def __setitem__(self, key, value):
+        self._lang()._into(self[key], value)
+
+    def reshape(self, shape):
+        """A reshape of a contiguous range (row-major), as NKI's tensor reshape."""
+        shape = [int(s) for s in shape]
+        if shape.count(-1) == 1:
+            known = math.prod(s for s in shape if s != -1)
+            shape[shape.index(-1)] = math.prod(self.sizes) // known if known else 0
+        shape = tuple(shape)
+        if math.prod(shape) != math.prod(self.sizes):
+            raise ValueError(f"cannot reshape {self.sizes} into {shape}")
+        flat = [0] * len(self.sizes)
+        # strides of our dims in row-major element order must be consistent
+        s = 1
+        for d in range(len(self.sizes) - 1, -1, -1):
+            flat[d] = s
+            s *= self.sizes[d]
+        # new dim e spans a contiguous row-major range: express via our dims
+        new_coeffs = []
+        for k in range(len(self.consts)):
+            new_coeffs.append([0] * len(shape))
+        acc = 1
+        for e in range(len(shape) - 1, -1, -1):
+            # the row-major step of new dim e, decomposed onto our dims
+            rem = acc
+            step_coeffs = [0] * len(self.sizes)
+            for d in range(len(self.sizes)):
+                q, rem = divmod(rem, flat[d])
+                step_coeffs[d] = q
+            for k in range(len(self.consts)):
+                new_coeffs[k][e] = sum(self.coeffs[k][d] * step_coeffs[d] for d in range(len(self.sizes)))
+            acc *= shape[e]
+        v = View(self.tensor, shape, self.consts, new_coeffs)
+        # valid only if every element maps as the row-major reshape would
+        if not _reshape_is_affine(self, v):
+            raise ValueError(f"reshape of {self.sizes} into {shape} does not keep a regular access pattern")
+        return v
+
+    def broadcast_to(self, shape):  # noqa: F811 - the view's own
+        """Stride-0 expansion of size-1 dims (and new leading dims)."""
+        shape = tuple(int(s) for s in shape)
+        lead = len(shape) - len(self.sizes)
+        if lead < 0:
+            raise ValueError(f"cannot broadcast {self.sizes} to {shape}")
+        coeffs = []
+        for k in range(len(self.consts)):
+            co = [0] * lead + list(self.coeffs[k])
+            for d, s in enumerate(self.sizes):
+                if s != shape[lead + d]:
+                    if s != 1:
+                        raise ValueError(f"cannot broadcast {self.sizes} to {shape}")
+                    co[lead + d] = 0
+            coeffs.append(co)
+        return View(self.tensor, shape, self.consts, coeffs)
+
+    def _on_chip_key(self, key):
+        """On-chip indexing keeps a tile 2-D: an int on a block dim drops it, an int on the partition
+        dim keeps it (size 1), ints on free dims drop them unless fewer than two dims would remain
+        (the last is then kept, size 1), as NKI's tiles behave."""
+        pa = self.tensor.partition_axis or 0
+        kinds = []
+        for d in range(len(self.sizes)):
+            if any(self.coeffs[k][d] for k in range(pa)):
+                kinds.append("block")
+            elif self.coeffs[pa][d]:
+                kinds.append("partition")
+            else:
+                kinds.append("free")
+        key = list(key)
+        for d, k in enumerate(key):
+            if kinds[d] == "partition" and _is_int(k):
+                key[d] = slice(int(k), int(k) + 1)
+        kept = sum(1 for d, k in enumerate(key) if kinds[d] != "block" and not _is_int(k))
+        for d in range(len(key) - 1, -1, -1):
+            if kept >= 2:
+                break
+            if kinds[d] == "free" and _is_int(key[d]):
+                key[d] = slice(int(key[d]), int(key[d]) + 1)
+                kept += 1
+        return tuple(key)
+
+    # -- Gen-2 view methods ----------------------------------------------
+    def ap(self, pattern, offset=None, scalar_offset=None, vector_offset=None, indirect_dim=0, dtype=None):
+        """An access pattern over the tensor's flattened storage: ``[[step, num], ...]`` (outermost
+        first; on-chip, the first pair walks partitions with step = elements per partition)."""
+        if scalar_offset is not None or vector_offset is not None:
+            raise NotImplementedError("indirect access patterns (scalar_offset/vector_offset) are not supported yet")
+        if dtype is not None:
+            raise NotImplementedError(".ap(dtype=...) reinterpretation is not supported yet")
+        t = self.tensor
+        shape = t.shape
+        row = [math.prod(shape[k + 1:]) for k in range(len(shape))]
+        if offset is None:
+            offset = sum(self.consts[k] * row[k] for k in range(len(shape)))
+        sizes = [int(n) for _, n in pattern]
+        if t.space == HBM:
+            if list(t.strides) != row:
+                raise ValueError(".ap() on an HBM tensor needs its storage contiguous")
+            flat = NkiTensor(t.trace, t.buffer, t.space, (math.prod(shape),), t.tdtype, (1,), t.byte_offset, None,
+                             t.name)
+            flat._base = t
+            return View(flat, sizes, [int(offset)], [tuple(int(st) for st, _ in pattern)])
+        F = math.prod(shape[1:])
+        step0 = int(pattern[0][0])
+        if F and step0 % F:
+            raise ValueError(f".ap() partition step {step0} must be a multiple of the elements per partition ({F})")
+        flat = NkiTensor(t.trace, t.buffer, t.space, (shape[0], F), t.tdtype, (t.strides[0], 1), t.byte_offset, 0,
+                         t.name)
+        flat._base = t
+        po, fo = divmod(int(offset), F) if F else (int(offset), 0)
+        return View(flat, sizes, [po, fo], [(step0 // F if F else 0,) + (0,) * (len(sizes) - 1),
+                                            (0,) + tuple(int(st) for st, _ in pattern[1:])])
+
+    def slice(self, dim, start, end, step=1):
+        key = [slice(None)] * len(self.sizes)
+        key[dim] = slice(start, end, step)
+        return self[tuple(key)]
+
+    def select(self, dim, index):
+        key = [slice(None)] * len(self.sizes)
+        key[dim] = int(index)
+        return self[tuple(key)]
+
+    def permute(self, dims):
+        dims = list(dims)
+        return View(self.tensor, [self.sizes[d] for d in dims], self.consts,
+                    [tuple(c[d] for d in dims) for c in self.coeffs])
+
+    def broadcast(self, dim, size):
+        shape = list(self.sizes)
+        shape[dim] = size
+        return self.broadcast_to(shape)
+
+    def expand_dim(self, dim):
+        return self.reshape(self.sizes[:dim] + (1,) + self.sizes[dim:])
+
+    def squeeze_dim(self, dim):
+        return self.reshape(self.sizes[:dim] + self.sizes[dim + 1:])
+
+    def narrow(self, dim, start, length):
+        consts = [self.consts[k] + self.coeffs[k][dim] * start for k in range(len(self.consts))]
+        sizes = list(self.sizes)
+        sizes[dim] = length
+        return View(self.tensor, sizes, consts, self.coeffs)
+
+    def transposed(self):
+        """The 2-D transpose of this access (dims swapped, no data moved)."""
+        if len(self.sizes) != 2:
+            raise ValueError(f"transpose takes a 2-D tile, got shape {self.sizes}")
+        return View(self.tensor, self.sizes[::-1], self.consts, [c[::-1] for c in self.coeffs])
+
+    # -- the core's access pattern ---------------------------------------
+    def bounds_error(self):
+        """None if every index stays inside the tensor, else a message."""
+        t = self.tensor
+        for k, n in enumerate(t.shape):
+            lo = hi = self.consts[k]
+            for d, s in enumerate(self.sizes):
+                span = self.coeffs[k][d] * (s - 1)
+                if span < 0:
+                    lo += span
+                else:
+                    hi += span
+            if min(self.sizes, default=1) == 0:
+                return None
+            if lo < 0 or hi >= n:
+                bad = lo if lo < 0 else hi
+                return (f"out-of-bounds access: index {bad} of dimension {k} of {t.name or 'tensor'} "
+                        f"(shape {t.shape}); indices must stay in [0, {n}) or be masked with mask=")
+        return None
+
+    def access(self, role):
+        t = self.tensor
+        item = itemsize(t.tdtype)
+        off = t.byte_offset + item * sum(self.consts[k] * t.strides[k] for k in range(len(t.shape)))
+        strides = [sum(self.coeffs[k][d] * t.strides[k] for k in range(len(t.shape))) for d in range(len(self.sizes))]
+        return (t.buffer, t.tdtype, off, list(self.sizes), strides, role)
+
+    def __repr__(self):
+        return f"View({self.tensor!r}, sizes={self.sizes})"
+
+
+def _is_int(k):
+    return not isinstance(k, (slice, IndexExpr)) and hasattr(k, "__index__")
+
+
+def _reshape_is_affine(src, dst):
+    """Checks a reshape on a sample of positions (cheap; shapes are small)."""
+    n = math.prod(src.sizes)
+    for flat in {0, 1, n // 2, n - 1} if n else ():
+        if flat < 0 or flat >= n:
+            continue
+        a = np.unravel_index(flat, src.sizes)
+        b = np.unravel_index(flat, dst.sizes)
+        for k in range(len(src.consts)):
+            va = src.consts[k] + sum(src.coeffs[k][d] * int(a[d]) for d in range(len(a)))
+            vb = dst.consts[k] + sum(dst.coeffs[k][d] * int(b[d]) for d in range(len(b)))
+            if va != vb:
+                return False
+    return True
+
+
+def as_view(x):
+    if isinstance(x, NkiTensor):
+        return x.view_all()
+    if isinstance(x, View):
+        return x
+    raise TypeError(f"expected an NKI tensor or tile, got {type(x).__name__}")
+
+
+def is_tile(x):
+    return isinstance(x, (NkiTensor, View))

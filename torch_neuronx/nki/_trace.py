@@ -1,0 +1,289 @@
+"""Launching a kernel: trace its Python body into a program of the core (once
+per argument signature and grid), then run the program over the arguments —
+as one task on the current stream for ``neuron`` tensors, at once for NumPy
+arrays and CPU tensors."""
+from __future__ import annotations
+
+import collections
+import functools
+import math
+import time
+
+import numpy as np
+import torch
+
+from .. import _C
+from . import _emit
+from ._tensor import FIRST_HBM_BUFFER, HBM, PSUM, SBUF, NkiTensor, itemsize, to_dtype
+
+_nki = _C._nki
+
+
+class Trace:
+    """One traced launch: the program, the HBM tensors, SPMD coordinates."""
+
+    def __init__(self, num_args, grid, gen=1):
+        _reload_target()
+        self.gen = gen
+        self.program = _nki.Program(num_args)
+        self.grid = grid
+        self.program_id = ()
+        self.hbm = []          # (shape, dtype) of kernel-allocated HBM tensors, buffer 2 + num_args + i
+        self.num_args = num_args
+        self._shared = []      # shared_hbm tensors, in allocation order (shared by all instances)
+        self._shared_seen = 0
+        self._names = 0
+        self.counts = collections.Counter()
+        self.active = True
+        t = _nki.target()
+        self._pbytes = {SBUF: t["sbuf_partition_bytes"], PSUM: t["psum_partition_bytes"]}
+
+    def partition_bytes(self, space):
+        return self._pbytes[space]
+
+    def auto_name(self):
+        self._names += 1
+        return f"t{self._names}"
+
+    def count(self, name):
+        self.counts[name] += 1
+
+    def start_instance(self, pid):
+        self.program_id = pid
+        self._shared_seen = 0
+
+    def hbm_tensor(self, shape, dtype, name, shared):
+        if shared and self._shared_seen < len(self._shared):
+            t = self._shared[self._shared_seen]
+            self._shared_seen += 1
+            if t.shape != shape or t.tdtype != dtype:
+                raise ValueError(f"SPMD instances allocate different shared_hbm tensors: {t.shape} {t.tdtype} "
+                                 f"vs {shape} {dtype}")
+            return t
+        buf = self.program.add_hbm(dtype, list(shape))
+        self.hbm.append((shape, dtype))
+        strides = [math.prod(shape[i + 1:]) for i in range(len(shape))]
+        t = NkiTensor(self, buf, HBM, shape, dtype, strides, 0, None, name)
+        if shared:
+            self._shared.append(t)
+            self._shared_seen += 1
+        fill = float("nan") if dtype.is_floating_point else 4.0
+        _emit.issue("fill", "<allocate>", t.view_all(), scalars=[fill])
+        return t
+
+
+_target_env = [None]
+
+
+def _reload_target():
+    """Kernel files set NEURON_PLATFORM_TARGET_OVERRIDE at import: read it at each trace."""
+    import os
+    env = os.environ.get("NEURON_PLATFORM_TARGET_OVERRIDE")
+    if env != _target_env[0]:
+        _target_env[0] = env
+        _nki.reload_target()
+
+
+def _grid_dims(grid):
+    if grid is None:
+        return ()
+    if not isinstance(grid, tuple):
+        grid = (grid,)
+    return tuple(int(g) for g in grid)
+
+
+def _np_to_torch(a):
+    if a.dtype.name in ("bfloat16", "float8_e4m3", "float8_e4m3fn", "float8_e5m2"):
+        raw = torch.from_numpy(a.view(np.uint16 if a.dtype.itemsize == 2 else np.uint8))
+        return raw.view(to_dtype(a.dtype.name))
+    return torch.from_numpy(a)
+
+
+def _torch_to_np(t):
+    if t.dtype in (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2):
+        try:
+            import ml_dtypes  # noqa: F401
+            name = {torch.bfloat16: "bfloat16", torch.float8_e4m3fn: "float8_e4m3fn",
+                    torch.float8_e5m2: "float8_e5m2"}[t.dtype]
+            raw = t.view(torch.int16 if t.dtype == torch.bfloat16 else torch.uint8).numpy()
+            return raw.view(np.dtype(name))
+        except ImportError:
+            return t.float().numpy()
+    return t.numpy()
+
+
+class _Cached:
+    __slots__ = ("program", "result", "launch_id", "counts", "hbm")
+
+    def __init__(self, trace, result):
+        self.program, self.result, self.counts, self.hbm = trace.program, result, trace.counts, trace.hbm
+        self.launch_id = None
+
+
+class Kernel:
+    """A kernel function made launchable: ``kernel(*args)`` or ``kernel[grid](*args)``."""
+
+    def __init__(self, func, mode="auto", numpy_results=None, gen=1, **options):
+        self.func, self.mode, self.options, self.gen = func, mode, options, gen
+        self.numpy_results = numpy_results
+        self._cache = {}
+        self.last_trace_stats = None
+        functools.update_wrapper(self, func)
+
+    def __getitem__(self, grid):
+        return _Launcher(self, _grid_dims(grid))
+
+    def __call__(self, *args, **kwargs):
+        return _Launcher(self, ())(*args, **kwargs)
+
+
+class _Launcher:
+    def __init__(self, kernel, grid):
+        self.kernel, self.grid = kernel, grid
+
+    def __call__(self, *args, **kwargs):
+        k = self.kernel
+        if getattr(_emit._local, "trace", None) is not None:
+            # a kernel called from another kernel's body: inline it
+            return k.func(*args, **kwargs)
+        params = list(args) + list(kwargs.values())
+        numpy_in = any(isinstance(a, np.ndarray) for a in params)
+        tensors, key, device = [], [self.grid], None
+        conv_args = []
+        for a in args:
+            conv_args.append(self._tensor_arg(a, tensors, key))
+        conv_kwargs = {n: self._tensor_arg(v, tensors, key, n) for n, v in kwargs.items()}
+        for t in tensors:
+            if t.device.type != "cpu":
+                if device is not None and t.device != device:
+                    raise ValueError(f"NKI kernel arguments are on different devices: {device} and {t.device}")
+                device = t.device
+        if device is not None and any(t.device.type == "cpu" for t in tensors):
+            raise ValueError("NKI kernel arguments mix CPU and neuron tensors; move them all to one device")
+        try:
+            key = tuple(key)
+            hash(key)
+        except TypeError:
+            key = None
+        cached = k._cache.get(key) if key is not None else None
+        if cached is None:
+            cached = self._trace(conv_args, conv_kwargs, tensors)
+            if key is not None:
+                k._cache[key] = cached
+        k.last_trace_stats = cached
+        outs = self._run(cached, tensors, device)
+        as_numpy = numpy_in if k.numpy_results is None else k.numpy_results
+        return self._results(cached.result, tensors, outs, as_numpy)
+
+    def _tensor_arg(self, a, tensors, key, name=None):
+        if isinstance(a, np.ndarray):
+            a = _np_to_torch(a)
+        if isinstance(a, torch.Tensor):
+            idx = len(tensors)
+            tensors.append(a)
+            key.append(("T", name, tuple(a.shape), a.dtype, tuple(a.stride()), a.device.type))
+            return ("__nki_arg__", idx, name)
+        key.append((name, a if _hashable(a) else id(a)))
+        return a
+
+    def _trace(self, args, kwargs, tensors):
+        k = self.kernel
+        grid = self.grid or ()
+        tr = Trace(len(tensors), grid, k.gen)
+        params = list(k.func.__code__.co_varnames[:k.func.__code__.co_argcount])
+        hbm_args = []
+        for i, t in enumerate(tensors):
+            strides = list(t.stride())
+            hbm_args.append(NkiTensor(tr, FIRST_HBM_BUFFER + i, HBM, tuple(t.shape), t.dtype, strides, 0, None,
+                                      params[i] if i < len(params) else f"arg{i}"))
+
+        def sub(a):
+            return hbm_args[a[1]] if isinstance(a, tuple) and len(a) == 3 and a[0] == "__nki_arg__" else a
+
+        call_args = [sub(a) for a in args]
+        call_kwargs = {n: sub(v) for n, v in kwargs.items()}
+        for i, a in enumerate(call_args):
+            if isinstance(a, NkiTensor) and i < len(params):
+                a.name = params[i]
+        prev = _emit.set_current(tr)
+        result = None
+        try:
+            for pid in (np.ndindex(*grid) if grid else [()]):
+                tr.start_instance(tuple(int(p) for p in pid))
+                r = k.func(*call_args, **call_kwargs)
+                if result is None:
+                    result = r
+        finally:
+            tr.active = False
+            _emit.set_current(prev)
+        spec = _result_spec(result, tr)
+        return _Cached(tr, spec)
+
+    def _run(self, cached, tensors, device):
+        extra = []
+        if device is not None:
+            for shape, dtype in cached.hbm:
+                extra.append(torch.empty(shape, dtype=dtype, device=device))
+            if cached.launch_id is None:
+                cached.launch_id = cached.program.register()
+            torch.ops.nki.launch([t.detach() for t in tensors] + extra, cached.launch_id)
+        else:
+            for shape, dtype in cached.hbm:
+                extra.append(torch.empty(shape, dtype=dtype))
+            cached.program.run([t.detach() for t in tensors] + extra)
+        return extra
+
+    def _results(self, spec, tensors, outs, as_numpy):
+        def build(s):
+            if s is None:
+                return None
+            if isinstance(s, tuple) and s and s[0] == "__buf__":
+                i = s[1]
+                t = tensors[i] if i < len(tensors) else outs[i - len(tensors)]
+                if tuple(t.shape) != s[2]:
+                    t = t.view(s[2])
+                return _torch_to_np(t) if as_numpy else t
+            if isinstance(s, list):
+                return [build(x) for x in s]
+            if isinstance(s, tuple):
+                return tuple(build(x) for x in s)
+            return s
+        return build(spec)
+
+
+def _hashable(a):
+    try:
+        hash(a)
+        return True
+    except TypeError:
+        return False
+
+
+def _result_spec(r, tr):
+    if r is None:
+        return None
+    if isinstance(r, NkiTensor):
+        if r.space != HBM:
+            raise ValueError(f"a kernel returns HBM tensors (nl.ndarray(..., buffer=nl.shared_hbm)); "
+                             f"'{r.name}' is in {r.buffer_space}")
+        return ("__buf__", r.buffer - FIRST_HBM_BUFFER, r.shape)
+    if isinstance(r, (list, tuple)):
+        items = [_result_spec(x, tr) for x in r]
+        return items if isinstance(r, list) else tuple(items)
+    if isinstance(r, dict):
+        raise TypeError("kernels return HBM tensors or tuples of them, not dicts")
+    return r
+
+
+def benchmark_latencies(kernel, args, kwargs, warmup, iters):
+    """Wall-clock latency (µs) of each of ``iters`` runs after ``warmup``."""
+    for _ in range(warmup):
+        kernel(*args, **kwargs)
+    lat = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        r = kernel(*args, **kwargs)
+        if isinstance(r, torch.Tensor) and r.device.type != "cpu":
+            torch.neuron.synchronize(r.device)
+        lat.append((time.perf_counter() - t0) * 1e6)
+    return lat

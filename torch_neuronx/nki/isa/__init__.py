@@ -1,0 +1,368 @@
+"""``nki.isa`` (``nisa``) of the Gen-1 API (``neuronxcc.nki.isa``): the
+NeuronCore's instructions. Each returns a new tile (Gen-1); the Gen-2 front
+end calls the same issue paths with ``dst=``."""
+from __future__ import annotations
+
+import enum
+import math
+
+import numpy as np
+import torch
+
+from .. import language as nl
+from .._emit import current, issue, new_tile, require_space
+from .._index import IndexExpr, Mask
+from .._tensor import HBM, PSUM, SBUF, as_view, is_tile, to_dtype
+
+
+class engine(enum.IntEnum):
+    unknown = 0
+    tensor = 1
+    scalar = 2
+    gpsimd = 3
+    dma = 4
+    vector = 5
+    sync = 6
+
+
+unknown_engine, tensor_engine, scalar_engine = engine.unknown, engine.tensor, engine.scalar
+gpsimd_engine, vector_engine, dma_engine = engine.gpsimd, engine.vector, engine.dma
+
+
+class nc_version(enum.IntEnum):
+    gen2 = 2
+    gen3 = 3
+    gen4 = 4
+
+
+class reduce_cmd(enum.IntEnum):
+    idle = 0
+    reset = 1
+    reduce = 2
+    reset_reduce = 3
+    load_reduce = 4
+
+
+class dge_mode(enum.IntEnum):
+    none = 0
+    swdge = 1
+    hwdge = 2
+    unknown = 3
+
+
+class oob_mode(enum.IntEnum):
+    error = 0
+    skip = 1
+
+
+fp32 = nl.fp32
+
+
+def get_nc_version():
+    from ... import _C
+    return nc_version(_C._nki.target()["nc_version"])
+
+
+def _op(op):
+    return nl._op_name(op)
+
+
+def _dst_shape(v):
+    return nl._tile_shape(v.sizes)
+
+
+def _out(v, dtype, space=SBUF, dst=None, shape=None):
+    """The result: a new tile of ``shape`` (default v's), or Gen-2's ``dst`` viewed in that shape."""
+    shape = tuple(v.sizes if shape is None else shape)
+    if dst is not None:
+        d = as_view(dst)
+        if tuple(d.sizes) != shape:
+            if math.prod(d.sizes) != math.prod(shape) or d.sizes[0] != shape[0]:
+                raise ValueError(f"dst shape {list(d.sizes)} does not match the result's shape {list(shape)}")
+            d = d.reshape(shape)
+        return dst, d
+    t = new_tile(nl._tile_shape(shape), to_dtype(dtype) or v.tdtype, space)
+    return t, nl._as_shape(t, shape)
+
+
+# -- matmul and transposes ---------------------------------------------------------
+def nc_matmul(stationary, moving, *, is_stationary_onezero=False, is_moving_onezero=False, is_transpose=False,
+              tile_position=(), tile_size=(), mask=None, _dst=None, _accumulate=False, **kwargs):
+    """``stationary.T @ moving`` on the Tensor Engine into a new fp32 PSUM tile."""
+    s = require_space(stationary, (SBUF,), "nc_matmul", "stationary")
+    m = require_space(moving, (SBUF,), "nc_matmul", "moving")
+    if is_transpose:
+        t, d = _out(m, m.tdtype, PSUM, _dst, (math.prod(m.sizes[1:]), m.sizes[0]))
+        issue("transpose", "nc_matmul", d, [m], ints=[0], same_shape=False, roles=["dst", "moving"])
+        return t
+    t, d = _out(s, torch.float32, PSUM, _dst, (math.prod(s.sizes[1:]), math.prod(m.sizes[1:])))
+    issue("matmul", "nc_matmul", d, [s, m], ints=[int(_accumulate)], mask=mask, same_shape=False,
+          roles=["dst", "stationary", "moving"])
+    return t
+
+
+def nc_transpose(data, *, mask=None, dtype=None, engine=engine.unknown, _dst=None, **kwargs):
+    v = require_space(data, (SBUF, PSUM), "nc_transpose", "data")
+    p, f = v.sizes[0], math.prod(v.sizes[1:])
+    if _dst is not None and engine == unknown_engine:
+        use_vector = as_view(_dst).space != PSUM
+    else:
+        use_vector = int(engine) == int(vector_engine) or (engine == unknown_engine and p <= 32 and f <= 32)
+    t, d = _out(v, dtype, SBUF if use_vector else PSUM, _dst, (f, p))
+    issue("transpose", "nc_transpose", d, [v], ints=[1 if use_vector else 0], same_shape=False,
+          roles=["dst", "data"])
+    return t
+
+
+# -- Scalar Engine ----------------------------------------------------------------
+def _pp(x, role, op):
+    """A per-partition (P, 1) operand."""
+    return require_space(x, (SBUF, PSUM), op, role)
+
+
+def activation(op, data, *, bias=None, scale=1.0, reduce_op=None, reduce_res=None, reduce_cmd=reduce_cmd.idle,
+               mask=None, dtype=None, _dst=None, **kwargs):
+    """``op(data * scale + bias)`` in fp32 (``scale`` a constant or a (P, 1) tile; ``bias`` (P, 1))."""
+    v = require_space(data, (SBUF, PSUM), "activation", "data")
+    t, d = _out(v, dtype, dst=_dst)
+    srcs, roles, ints, scalars = [v], ["dst", "data"], [0, 0, 0], [1.0]
+    if bias is not None:
+        srcs.append(_pp(bias, "bias", "activation"))
+        roles.append("bias")
+        ints[0] = 1
+    if is_tile(scale):
+        srcs.append(_pp(scale, "scale", "activation"))
+        roles.append("scale")
+        ints[1] = 1
+    else:
+        scalars[0] = float(scale)
+    fns = [_op(op)]
+    if reduce_res is not None:
+        srcs.append(require_space(reduce_res, (SBUF, PSUM), "activation", "reduce_res"))
+        roles.append("reduce_res")
+        ints[2] = 1
+        fns.append(_op(reduce_op) if reduce_op is not None else "add")
+    issue("activation", "activation", d, srcs, fns=fns, scalars=scalars, ints=ints, mask=mask, same_shape=False,
+          roles=roles)
+    return t
+
+
+def activation_reduce(op, data, *, reduce_op, reduce_res, bias=None, scale=1.0, mask=None, dtype=None, _dst=None,
+                      **kwargs):
+    return activation(op, data, bias=bias, scale=scale, reduce_op=reduce_op, reduce_res=reduce_res,
+                      reduce_cmd=reduce_cmd.reset_reduce, mask=mask, dtype=dtype, _dst=_dst)
+
+
+# -- Vector / GpSimd Engines --------------------------------------------------------
+def tensor_tensor(data1, data2, op, *, dtype=None, mask=None, engine=engine.unknown, _dst=None, **kwargs):
+    a = require_space(data1, (SBUF, PSUM), "tensor_tensor", "data1")
+    b = require_space(data2, (SBUF, PSUM), "tensor_tensor", "data2")
+    if a.sizes[0] != b.sizes[0]:
+        raise ValueError(f"number of partitions (dimension 0 size of a tile) mismatch in parameters "
+                         f"(data1{list(a.sizes)}, data2{list(b.sizes)}) of 'tensor_tensor'")
+    t, d = _out(a, to_dtype(dtype) or nl.result_dtype(a, b), dst=_dst)
+    issue("tensor_tensor", "tensor_tensor", d, [a, b if b.sizes == a.sizes else b.reshape(a.sizes)], fns=[_op(op)],
+          mask=mask, roles=["dst", "data1", "data2"])
+    return t
+
+
+def _scalar_operand(x, srcs, roles, role):
+    if is_tile(x):
+        srcs.append(_pp(x, role, "tensor_scalar"))
+        roles.append(role)
+        return 1, 0.0
+    return 0, float(x)
+
+
+def tensor_scalar(data, op0, operand0, reverse0=False, op1=None, operand1=None, reverse1=False, *, dtype=None,
+                  mask=None, engine=engine.unknown, _dst=None, **kwargs):
+    """``(data op0 operand0) op1 operand1``; operands are constants or (P, 1) tiles."""
+    v = require_space(data, (SBUF, PSUM), "tensor_scalar", "data")
+    t, d = _out(v, dtype, dst=_dst)
+    srcs, roles = [v], ["dst", "data"]
+    ap0, s0 = _scalar_operand(operand0, srcs, roles, "operand0")
+    ap1, s1 = (0, 0.0) if op1 is None else _scalar_operand(operand1, srcs, roles, "operand1")
+    issue("tensor_scalar", "tensor_scalar", d, srcs, fns=[_op(op0), _op(op1) if op1 is not None else "", ""],
+          scalars=[s0, s1], ints=[int(reverse0), int(reverse1), ap0, ap1, 0], mask=mask, same_shape=False,
+          roles=roles)
+    return t
+
+
+def tensor_scalar_reduce(*, data, op0, operand0, reduce_op, reduce_res, reverse0=False, dtype=None, mask=None,
+                         _dst=None, **kwargs):
+    v = require_space(data, (SBUF, PSUM), "tensor_scalar_reduce", "data")
+    t, d = _out(v, dtype, dst=_dst)
+    srcs, roles = [v], ["dst", "data"]
+    ap0, s0 = _scalar_operand(operand0, srcs, roles, "operand0")
+    srcs.append(require_space(reduce_res, (SBUF, PSUM), "tensor_scalar_reduce", "reduce_res"))
+    roles.append("reduce_res")
+    issue("tensor_scalar", "tensor_scalar_reduce", d, srcs, fns=[_op(op0), "", _op(reduce_op)], scalars=[s0, 0.0],
+          ints=[int(reverse0), 0, ap0, 0, 1], mask=mask, same_shape=False, roles=roles)
+    return t
+
+
+def scalar_tensor_tensor(*, data, op0, operand0, op1, operand1, reverse0=False, reverse1=False, dtype=None,
+                         mask=None, _dst=None, **kwargs):
+    """``(data op0 operand0) op1 operand1``; operand0 a constant or (P, 1), operand1 a tile like data."""
+    v = require_space(data, (SBUF, PSUM), "scalar_tensor_tensor", "data")
+    o1 = require_space(operand1, (SBUF, PSUM), "scalar_tensor_tensor", "operand1")
+    t, d = _out(v, to_dtype(dtype) or nl.result_dtype(v, o1), dst=_dst)
+    srcs, roles = [v, o1 if o1.sizes == v.sizes else o1.reshape(v.sizes)], ["dst", "data", "operand1"]
+    if is_tile(operand0):
+        srcs.append(_pp(operand0, "operand0", "scalar_tensor_tensor"))
+        roles.append("operand0")
+        ap, s = 1, 0.0
+    else:
+        ap, s = 0, float(operand0)
+    issue("scalar_tensor_tensor", "scalar_tensor_tensor", d, srcs, fns=[_op(op0), _op(op1)], scalars=[s],
+          ints=[ap, int(reverse0), int(reverse1)], mask=mask, same_shape=False, roles=roles)
+    return t
+
+
+def tensor_reduce(op, data, axis, *, mask=None, dtype=None, negate=False, keepdims=False, _dst=None, **kwargs):
+    return nl.reduce_tile(_op(op), data, axis, dtype, mask, keepdims, negate=negate, dst=_dst, suffix=True)
+
+
+def tensor_partition_reduce(op, data, *, mask=None, dtype=None, _dst=None, **kwargs):
+    v = require_space(data, (SBUF, PSUM), "tensor_partition_reduce", "data")
+    t, d = _out(v, dtype, dst=_dst, shape=(1,) + tuple(v.sizes[1:]))
+    issue("partition_reduce", "tensor_partition_reduce", d, [v], fns=[_op(op)], same_shape=False,
+          roles=["dst", "data"])
+    return t
+
+
+def tensor_tensor_scan(data0, data1, initial, op0, op1, reverse0=False, reverse1=False, *, dtype=None, mask=None,
+                       _dst=None, **kwargs):
+    a = require_space(data0, (SBUF, PSUM), "tensor_tensor_scan", "data0")
+    b = require_space(data1, (SBUF, PSUM), "tensor_tensor_scan", "data1")
+    t, d = _out(a, to_dtype(dtype) or nl.result_dtype(a, b), dst=_dst)
+    srcs, ints, scalars = [a, b], [0], [0.0]
+    if is_tile(initial):
+        srcs.append(_pp(initial, "initial", "tensor_tensor_scan"))
+        ints[0] = 1
+    else:
+        scalars[0] = float(initial)
+    issue("scan", "tensor_tensor_scan", d, srcs, fns=[_op(op0), _op(op1)], scalars=scalars, ints=ints, mask=mask,
+          same_shape=False, roles=["dst", "data0", "data1", "initial"][:len(srcs) + 1])
+    return t
+
+
+def tensor_copy(src, *, mask=None, dtype=None, engine=engine.unknown, _dst=None, **kwargs):
+    v = require_space(src, (SBUF, PSUM), "tensor_copy", "src")
+    t, d = _out(v, dtype, dst=_dst)
+    issue("copy", "tensor_copy", d, [v], mask=mask, roles=["dst", "src"])
+    return t
+
+
+def reciprocal(data, *, dtype=None, mask=None, _dst=None, **kwargs):
+    v = require_space(data, (SBUF, PSUM), "reciprocal", "data")
+    t, d = _out(v, dtype, dst=_dst)
+    issue("activation", "reciprocal", d, [v], fns=["reciprocal"], scalars=[1.0], ints=[0, 0, 0], mask=mask,
+          roles=["dst", "data"])
+    return t
+
+
+def memset(shape, value, dtype, *, mask=None, engine=engine.unknown, **kwargs):
+    t = new_tile(tuple(int(s) for s in shape), to_dtype(dtype))
+    issue("fill", "memset", t.view_all(), scalars=[float(value)], mask=mask)
+    return t
+
+
+def iota(expr, dtype, *, mask=None, **kwargs):
+    """The values of an index expression as a tile (int32 math, cast to dtype)."""
+    if not isinstance(expr, IndexExpr):
+        raise TypeError("iota takes an index expression of nl.arange/nl.mgrid, e.g. nl.arange(512)[None, :]")
+    shape = nl._tile_shape(expr.shape)
+    t = new_tile(shape, to_dtype(dtype))
+    vals = expr.evaluate(expr.shape).to(torch.int32).reshape(shape)
+    issue("const", "iota", t.view_all(), constant=vals.to(to_dtype(dtype)), mask=mask)
+    return t
+
+
+def affine_select(pred, on_true_tile, on_false_value, *, mask=None, dtype=None, _dst=None, _pred_values=None,
+                  **kwargs):
+    """``on_true_tile`` where the affine predicate holds, else ``on_false_value``."""
+    if _pred_values is None and (not isinstance(pred, Mask) or len(pred.conds) != 1):
+        raise ValueError("affine_select takes one affine comparison of index expressions (no & or |)")
+    v = require_space(on_true_tile, (SBUF, PSUM), "affine_select", "on_true_tile")
+    t, d = _out(v, dtype, dst=_dst)
+    values = _pred_values if _pred_values is not None else pred.evaluate(v.sizes)
+    issue("select", "affine_select", d, [v], scalars=[float(on_false_value)], constant=values,
+          mask=mask, same_shape=False, roles=["dst", "on_true_tile"])
+    return t
+
+
+def bn_stats(data, *, mask=None, dtype=None, _dst=None, **kwargs):
+    """Per partition (count, mean, variance x count) of the even and of the odd elements: (P, 6)."""
+    v = require_space(data, (SBUF, PSUM), "bn_stats", "data")
+    t, d = _out(v, to_dtype(dtype) or torch.float32, dst=_dst, shape=(v.sizes[0], 6))
+    issue("bn_stats", "bn_stats", d, [v], same_shape=False, roles=["dst", "data"])
+    return t
+
+
+def bn_aggr(data, *, mask=None, dtype=None, _dst=None, **kwargs):
+    """(mean, variance) per partition from concatenated bn_stats results: (P, 2)."""
+    v = require_space(data, (SBUF, PSUM), "bn_aggr", "data")
+    if math.prod(v.sizes[1:]) % 3:
+        raise ValueError(f"bn_aggr data must hold (count, mean, var*count) triples, got "
+                         f"{math.prod(v.sizes[1:])} elements per partition")
+    t, d = _out(v, to_dtype(dtype) or torch.float32, dst=_dst, shape=(v.sizes[0], 2))
+    issue("bn_aggr", "bn_aggr", d, [v], same_shape=False, roles=["dst", "data"])
+    return t
+
+
+def dropout(data, prob, *, mask=None, dtype=None, **kwargs):
+    """Zeroes each element with probability ``prob`` (a constant or a (P, 1) tile)."""
+    v = require_space(data, (SBUF, PSUM), "dropout", "data")
+    r = new_tile(_dst_shape(v), torch.float32)
+    issue("random", "dropout", nl._as_shape(r, v.sizes), ints=[current().program.num_instructions])
+    keep = nl.greater_equal(r, prob, dtype=torch.float32) if not is_tile(prob) else \
+        nl.greater_equal(r, as_view(prob).broadcast_to(v.sizes) if as_view(prob).sizes != v.sizes else prob,
+                         dtype=torch.float32)
+    return nl.multiply(v, keep, dtype=to_dtype(dtype) or v.tdtype, mask=mask)
+
+
+def dma_copy(*, dst, src, mask=None, dst_rmw_op=None, oob_mode=oob_mode.error, dge_mode=dge_mode.unknown, **kwargs):
+    d, s = as_view(dst), as_view(src)
+    if s.space == PSUM or d.space == PSUM:
+        raise TypeError("dma_copy requires HBM or SBUF tensors, got a PSUM tensor")
+    if math.prod(d.sizes) != math.prod(s.sizes):
+        raise ValueError(f"dma_copy requires src and dst to have the same number of elements, got "
+                         f"src={math.prod(s.sizes)}, dst={math.prod(d.sizes)}")
+    s = s if s.sizes == d.sizes else s.reshape(d.sizes)
+    if dst_rmw_op is not None:
+        if nl._op_name(dst_rmw_op) != "add":
+            raise ValueError("dma_copy dst_rmw_op supports only np.add")
+        issue("tensor_tensor", "dma_copy", d, [d, s], fns=["add"], mask=mask, roles=["dst", "dst", "src"])
+        return
+    issue("copy", "dma_copy", d, [s], mask=mask, roles=["dst", "src"])
+
+
+def dma_transpose(src, *, axes=None, mask=None, dtype=None, _dst=None, **kwargs):
+    v = as_view(src)
+    nd = len(v.sizes)
+    axes = tuple(axes) if axes is not None else {2: (1, 0), 3: (2, 1, 0), 4: (3, 1, 2, 0)}.get(nd)
+    if axes is None:
+        raise ValueError(f"dma_transpose takes 2-4 dimensional tensors, got {nd}")
+    from .._tensor import View
+    p = View(v.tensor, [v.sizes[a] for a in axes], v.consts, [tuple(c[a] for a in axes) for c in v.coeffs])
+    t, d = _out(p, dtype, dst=_dst)
+    issue("copy", "dma_transpose", d, [p], mask=mask, roles=["dst", "src"])
+    return t
+
+
+def max8(*, src, mask=None, dtype=None, _dst=None, **kwargs):
+    """The 8 largest values of each partition, in descending order: (P, 8)."""
+    v = require_space(src, (SBUF, PSUM), "max8", "src")
+    t, d = _out(v, dtype, dst=_dst, shape=(v.sizes[0], 8))
+    issue("max8", "max8", d, [v], same_shape=False, roles=["dst", "src"])
+    return t
+
+
+def nc_find_index8(*, data, vals, mask=None, dtype=None, _dst=None, **kwargs):
+    """Per partition, the index of the first occurrence in ``data`` of each of the 8 ``vals``: (P, 8) uint32."""
+    v = require_space(data, (SBUF, PSUM), "nc_find_index8", "data")
+    w = require_space(vals, (SBUF, PSUM), "nc_find_index8", "vals")
+    t, d = _out(v, to_dtype(dtype) or torch.uint32, dst=_dst, shape=(v.sizes[0], 8))
+    issue("find_index8", "nc_find_index8", d, [v, w], same_shape=False, roles=["dst", "data", "vals"])
+    return t

@@ -1,0 +1,215 @@
+"""``nki.isa`` of the Gen-2 API: every instruction writes ``dst`` (its first
+parameter) and takes no mask or dtype (the result's dtype is dst's). Each
+issues the same core instruction as its Gen-1 counterpart."""
+from __future__ import annotations
+
+import enum
+import math
+
+import torch
+
+from ... import isa as _g1
+from ... import language as _nl
+from ..._emit import issue, require_space
+from ..._tensor import PSUM, SBUF, as_view, to_dtype
+
+
+class engine(enum.Enum):
+    unknown = 0
+    tensor = 1
+    scalar = 2
+    gpsimd = 3
+    dma = 4
+    vector = 5
+    sync = 6
+
+
+tensor_engine, vector_engine, scalar_engine = engine.tensor, engine.vector, engine.scalar
+gpsimd_engine, unknown_engine = engine.gpsimd, engine.unknown
+
+
+class reduce_cmd(enum.Enum):
+    idle = 0
+    reset = 1
+    reduce = 2
+    reset_reduce = 3
+    load_reduce = 4
+
+
+class dge_mode(enum.Enum):
+    unknown = 0
+    swdge = 1
+    hwdge = 2
+    none = 3
+
+
+class oob_mode(enum.Enum):
+    error = 0
+    skip = 1
+
+
+class matmul_perf_mode(enum.Enum):
+    none = "none"
+    double_row = "double_row"
+
+
+nc_version = _g1.nc_version
+get_nc_version = _g1.get_nc_version
+
+
+class NkiValidationError(Exception):
+    """An instruction's operands violate the target's limits."""
+
+
+def _dt(dst):
+    return as_view(dst).tdtype
+
+
+def _g1_engine(e):
+    return _g1.engine(e.value) if isinstance(e, engine) else e
+
+
+def dma_copy(dst, src, priority=None, oob_mode=oob_mode.error, dge_mode=dge_mode.unknown, engine=engine.unknown,
+             name=None):
+    _g1.dma_copy(dst=dst, src=src)
+
+
+def tensor_copy(dst, src, engine=engine.unknown, name=None):
+    d = as_view(dst)
+    v = as_view(src)
+    if d.space not in (SBUF, PSUM):
+        raise TypeError(f"tensor_copy dst must be in ['sbuf', 'psum'], got {d.buffer_space}")
+    _g1.tensor_copy(src, dtype=d.tdtype, _dst=dst)
+
+
+def memset(dst, value, engine=engine.unknown, name=None):
+    issue("fill", "memset", as_view(dst), scalars=[float(value)])
+
+
+def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_onezero=False, is_transpose=False,
+              accumulate=None, tile_position=(), tile_size=(), perf_mode=matmul_perf_mode.none, name=None):
+    """``dst = stationary.T @ moving`` (``accumulate``: True adds, False overwrites, None adds after the
+    first write to the same PSUM region)."""
+    d = as_view(dst)
+    if d.space != PSUM:
+        raise TypeError(f"nc_matmul dst must be in ['psum'], got {d.buffer_space}")
+    key = d.access("")[:5]
+    key = (key[0], key[2], tuple(key[3]), tuple(key[4]))
+    written = d.tensor.__dict__.setdefault("_psum_written", set())
+    acc = (key in written) if accumulate is None else bool(accumulate)
+    written.add(key)
+    _g1.nc_matmul(stationary, moving, is_transpose=is_transpose, _dst=dst, _accumulate=acc)
+
+
+def nc_transpose(dst, data, engine=engine.unknown, name=None):
+    _g1.nc_transpose(data, engine=_g1_engine(engine), _dst=dst)
+
+
+def dma_transpose(dst, src, axes=None, priority=None, dge_mode=dge_mode.unknown, oob_mode=oob_mode.error, name=None):
+    _g1.dma_transpose(src, axes=axes, _dst=dst)
+
+
+def tensor_tensor(dst, data1, data2, op, engine=engine.unknown, name=None):
+    _g1.tensor_tensor(data1, data2, op, dtype=_dt(dst), _dst=dst)
+
+
+def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=None, reverse1=False,
+                  engine=engine.unknown, name=None):
+    _g1.tensor_scalar(data, op0, operand0, reverse0, op1, operand1, reverse1, dtype=_dt(dst), _dst=dst)
+
+
+def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, name=None):
+    _g1.tensor_reduce(op, data, axis, dtype=_dt(dst), negate=negate, keepdims=True, _dst=dst)
+
+
+def tensor_partition_reduce(dst, op, data, name=None):
+    _g1.tensor_partition_reduce(op, data, dtype=_dt(dst), _dst=dst)
+
+
+def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=None, reduce_cmd=reduce_cmd.idle,
+               name=None):
+    _g1.activation(op, data, bias=bias, scale=scale, reduce_op=reduce_op, reduce_res=reduce_res, dtype=_dt(dst),
+                   _dst=dst)
+
+
+def activation_reduce(dst, op, data, reduce_op, reduce_res, bias=None, scale=1.0, name=None):
+    _g1.activation(op, data, bias=bias, scale=scale, reduce_op=reduce_op, reduce_res=reduce_res, dtype=_dt(dst),
+                   _dst=dst)
+
+
+def scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1, reverse0=False, reverse1=False, name=None):
+    _g1.scalar_tensor_tensor(data=data, op0=op0, operand0=operand0, op1=op1, operand1=operand1, reverse0=reverse0,
+                             reverse1=reverse1, dtype=_dt(dst), _dst=dst)
+
+
+def tensor_scalar_reduce(dst, data, op0, operand0, reduce_op, reduce_res=None, reverse0=False,
+                         reduce_cmd=reduce_cmd.reset_reduce, reduce_init=None, reduce_res_negate=False, name=None):
+    _g1.tensor_scalar_reduce(data=data, op0=op0, operand0=operand0, reduce_op=reduce_op, reduce_res=reduce_res,
+                             reverse0=reverse0, dtype=_dt(dst), _dst=dst)
+
+
+def tensor_tensor_scan(dst, data0, data1, initial, op0, op1, reverse0=False, reverse1=False, name=None):
+    _g1.tensor_tensor_scan(data0, data1, initial, op0, op1, reverse0, reverse1, dtype=_dt(dst), _dst=dst)
+
+
+def reciprocal(dst, data, name=None):
+    _g1.reciprocal(data, dtype=_dt(dst), _dst=dst)
+
+
+def bn_stats(dst, data, name=None):
+    _g1.bn_stats(data, dtype=_dt(dst), _dst=dst)
+
+
+def bn_aggr(dst, data, name=None):
+    _g1.bn_aggr(data, dtype=_dt(dst), _dst=dst)
+
+
+def _pattern_values(shape, pattern, offset, channel_multiplier):
+    """``offset + c * channel_multiplier + sum(idx_i * step_i)`` over dst's (P, free...) shape."""
+    P = shape[0]
+    free = math.prod(shape[1:])
+    dims = [n for _, n in pattern]
+    if math.prod(dims) != free:
+        raise ValueError(f"pattern {pattern} covers {math.prod(dims)} elements per partition, dst has {free}")
+    v = torch.full((P,) + tuple(dims), int(offset), dtype=torch.int64)
+    v += (torch.arange(P) * int(channel_multiplier)).view((P,) + (1,) * len(dims))
+    for i, (step, n) in enumerate(pattern):
+        shp = [1] * (len(dims) + 1)
+        shp[i + 1] = n
+        v += (torch.arange(n) * int(step)).view(shp)
+    return v.reshape(shape)
+
+
+def iota(dst, pattern, offset=0, channel_multiplier=0, name=None):
+    """``dst[c, ...] = offset + c * channel_multiplier + sum(idx * step)`` (int32 math, cast to dst)."""
+    d = as_view(dst)
+    if d.space != SBUF:
+        raise TypeError(f"iota dst must be in ['sbuf'], got {d.buffer_space}")
+    vals = _pattern_values(d.sizes, pattern, offset, channel_multiplier).to(torch.int32)
+    issue("const", "iota", d, constant=vals.to(d.tdtype))
+
+
+_CMP = {"equal": torch.eq, "not_equal": torch.ne, "greater": torch.gt, "greater_equal": torch.ge, "less": torch.lt,
+        "less_equal": torch.le}
+
+
+def affine_select(dst, pattern, channel_multiplier, on_true_tile, on_false_value, cmp_op=_nl.equal, offset=0,
+                  name=None):
+    """``dst = on_true_tile`` where ``cmp_op(offset + c * channel_multiplier + sum(idx * step), 0)``."""
+    d = as_view(dst)
+    v = _pattern_values(d.sizes, pattern, offset, channel_multiplier)
+    pred = _CMP[_nl._op_name(cmp_op)](v, 0)
+    _g1.affine_select(None, on_true_tile, on_false_value, _dst=dst, _pred_values=pred)
+
+
+def dropout(dst, data, prob, name=None):
+    r = _g1.dropout(data, prob, dtype=_dt(dst))
+    tensor_copy(dst, r)
+
+
+def max8(dst, src, name=None):
+    _g1.max8(src=src, dtype=_dt(dst), _dst=dst)
+
+
+def nc_find_index8(dst, data, vals, name=None):
+    _g1.nc_find_index8(data=data, vals=vals, dtype=_dt(dst), _dst=dst)
