@@ -59,15 +59,29 @@ bool is_fp32(at::ScalarType t) { return t == at::kFloat; }
 
 }  // namespace
 
+namespace {
+void check_kind(const Instruction& ins, const Target& t);
+}  // namespace
+
 void check_instruction(const Instruction& ins, const Target& t) {
   for (const Access& a : ins.ops) {
     if (a.sizes.size() != a.strides.size()) fail(ins, a.role + " has mismatched sizes and strides");
-    if (!a.on_chip()) continue;
-    if (a.sizes.size() < 2) fail(ins, a.role + ": SBUF and PSUM tensors must have at least 2 dimensions");
-    check_max(ins, a, "partition dimension", a.sizes[0], t.partitions);
+    if (a.on_chip() && a.sizes.size() < 2)
+      fail(ins, a.role + ": SBUF and PSUM tensors must have at least 2 dimensions (partition-dim and free-dim)");
   }
   if (ins.mask && ins.mask->sizes() != at::IntArrayRef(ins.ops.at(0).sizes))
     fail(ins, "mask shape does not match the destination's shape");
+  // The instruction's own limits first: they name the operand a result's shape comes from.
+  check_kind(ins, t);
+  for (size_t i = 1; i <= ins.ops.size(); ++i) {  // sources before the destination
+    const Access& a = ins.ops[i % ins.ops.size()];
+    if (a.on_chip()) check_max(ins, a, "partition dimension", a.sizes[0], t.partitions);
+  }
+}
+
+namespace {
+
+void check_kind(const Instruction& ins, const Target& t) {
   switch (ins.kind) {
     case Kind::kMatmul: {
       const Access &dst = ins.ops.at(0), &st = ins.ops.at(1), &mv = ins.ops.at(2);
@@ -168,5 +182,7 @@ void check_instruction(const Instruction& ins, const Target& t) {
       return;
   }
 }
+
+}  // namespace
 
 }  // namespace neuronx::nki

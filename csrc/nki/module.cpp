@@ -108,6 +108,16 @@ void bind(py::module& parent) {
            py::arg("kind"), py::arg("name"), py::arg("ops"), py::arg("fns") = std::vector<std::string>{},
            py::arg("scalars") = std::vector<double>{}, py::arg("ints") = std::vector<int64_t>{},
            py::arg("mask") = std::nullopt, py::arg("constant") = std::nullopt, py::arg("where") = "")
+      .def("check",
+           [](Program& p, const std::string& kind, const std::string& name, const py::list& ops,
+              std::vector<int64_t> ints) {
+             auto k = kinds().find(kind);
+             if (k == kinds().end()) throw py::value_error("unknown NKI instruction kind " + kind);
+             Instruction ins{k->second, name};
+             for (const auto& o : ops) ins.ops.push_back(access_of(o));
+             ins.ints = std::move(ints);
+             check_instruction(ins, target());
+           })
       .def("run", [](const Program& p, const py::list& hbm) {
         auto v = tensors_of(hbm);
         py::gil_scoped_release nogil;

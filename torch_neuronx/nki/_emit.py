@@ -35,7 +35,7 @@ def set_current(trace):
 def kernel_line():
     """file:line of the innermost kernel frame (outside this package)."""
     f = sys._getframe(1)
-    while f is not None and os.path.dirname(f.f_code.co_filename) == _PKG_DIR:
+    while f is not None and f.f_code.co_filename.startswith(_PKG_DIR + os.sep):
         f = f.f_back
     return f"{f.f_code.co_filename}:{f.f_lineno}" if f is not None else "?"
 
@@ -126,8 +126,11 @@ def new_tensor(shape, dtype, buffer=None, name=""):
 
 
 def new_tile(shape, dtype, space=SBUF, name=""):
+    """The result tile of an instruction."""
     from ._tensor import MemorySpace
-    return new_tensor(tuple(shape), dtype, MemorySpace("psum" if space == PSUM else "sbuf", space), name)
+    t = new_tensor(tuple(shape), dtype, MemorySpace("psum" if space == PSUM else "sbuf", space), name)
+    t._fresh = True
+    return t
 
 
 def _dtype(d):
@@ -173,6 +176,10 @@ def issue(kind, name, dst, srcs=(), fns=(), scalars=(), ints=(), mask=None, cons
     non-rectangular mask guards dst's writes elementwise."""
     tr = current()
     ops = [dst] + list(srcs)
+    if dst.tensor.__dict__.pop("_fresh", False) and mask is not None:
+        # a new tile made under a mask: assigning it elsewhere copies only what was computed
+        # (the compiler writes such a result straight into its destination)
+        dst.tensor._mask = mask
     space_i = 0 if same_shape or not srcs else 1
     space = ops[space_i]
     mask_t = None
@@ -211,6 +218,15 @@ def issue(kind, name, dst, srcs=(), fns=(), scalars=(), ints=(), mask=None, cons
     tr.program.emit(kind, name, accesses, list(fns), [float(s) for s in scalars], [int(i) for i in ints],
                     mask_t.contiguous() if mask_t is not None else None, constant, "")
     tr.count(name)
+
+
+def precheck(kind, name, dst_shape, dst_space, srcs, roles, ints=()):
+    """Checks an instruction whose result shape comes from its operands before the result is
+    allocated (so the error names the operand's limit, not the result's size)."""
+    tr = current()
+    buf = PSUM_BUFFER if dst_space == PSUM else SBUF_BUFFER
+    dst = (buf, torch.float32, 0, list(dst_shape), [1] * len(dst_shape), "dst")
+    tr.program.check(kind, name, [dst] + [v.access(r) for v, r in zip(srcs, roles)], [int(i) for i in ints])
 
 
 def require_space(x, allowed, op, param):

@@ -140,6 +140,8 @@ def store(dst, value, *, mask=None, **kwargs):
     if v.space == HBM:
         raise TypeError("Expected operand 'value' of 'store' to be in address space 'sbuf|psum', "
                         "but got a tile in 'hbm' instead.")
+    if mask is None and isinstance(value, NkiTensor) and getattr(value, "_mask", None) is not None:
+        mask = value._mask
     issue("copy", "store", d, [_broadcast(v, d.sizes)], mask=mask, roles=["dst", "value"])
 
 
@@ -184,6 +186,8 @@ def _into(dst, value, mask=None):
         issue("fill", "memset", d, scalars=[float(value)], mask=mask)
         return
     v = as_view(value)
+    if mask is None and isinstance(value, NkiTensor) and getattr(value, "_mask", None) is not None:
+        mask = value._mask
     if math.prod(v.sizes) > math.prod(d.sizes) and v.sizes != d.sizes:
         raise ValueError(f"Illegal assignment destination shape: shape {list(d.sizes)} is smaller than "
                          f"the value's shape {list(v.sizes)}")

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from .. import language as nl
-from .._emit import current, issue, new_tile, require_space
+from .._emit import current, issue, new_tile, precheck, require_space
 from .._index import IndexExpr, Mask
 from .._tensor import HBM, PSUM, SBUF, as_view, is_tile, to_dtype
 
@@ -95,7 +95,9 @@ def nc_matmul(stationary, moving, *, is_stationary_onezero=False, is_moving_onez
         t, d = _out(m, m.tdtype, PSUM, _dst, (math.prod(m.sizes[1:]), m.sizes[0]))
         issue("transpose", "nc_matmul", d, [m], ints=[0], same_shape=False, roles=["dst", "moving"])
         return t
-    t, d = _out(s, torch.float32, PSUM, _dst, (math.prod(s.sizes[1:]), math.prod(m.sizes[1:])))
+    shape = (math.prod(s.sizes[1:]), math.prod(m.sizes[1:]))
+    precheck("matmul", "nc_matmul", shape, PSUM, [s, m], ["stationary", "moving"], [0])
+    t, d = _out(s, torch.float32, PSUM, _dst, shape)
     issue("matmul", "nc_matmul", d, [s, m], ints=[int(_accumulate)], mask=mask, same_shape=False,
           roles=["dst", "stationary", "moving"])
     return t
@@ -108,6 +110,7 @@ def nc_transpose(data, *, mask=None, dtype=None, engine=engine.unknown, _dst=Non
         use_vector = as_view(_dst).space != PSUM
     else:
         use_vector = int(engine) == int(vector_engine) or (engine == unknown_engine and p <= 32 and f <= 32)
+    precheck("transpose", "nc_transpose", (f, p), SBUF if use_vector else PSUM, [v], ["data"], [int(use_vector)])
     t, d = _out(v, dtype, SBUF if use_vector else PSUM, _dst, (f, p))
     issue("transpose", "nc_transpose", d, [v], ints=[1 if use_vector else 0], same_shape=False,
           roles=["dst", "data"])

@@ -1,0 +1,247 @@
+"""Each instruction against a NumPy reference, at its dtypes, with and without masks."""
+import ml_dtypes
+import numpy as np
+import pytest
+
+from torch_neuronx import nki
+import torch_neuronx.nki.isa as nisa
+import torch_neuronx.nki.language as nl
+
+rng = np.random.default_rng(0)
+BF16 = np.dtype(ml_dtypes.bfloat16)
+
+
+def rand(*shape, dtype=np.float32, lo=-2.0, hi=2.0):
+    return rng.uniform(lo, hi, size=shape).astype(np.float32).astype(dtype)
+
+
+def unary_kernel(fn, out_shape=None, out_dtype=None):
+    """A kernel loading its inputs as tiles, applying fn, storing the result."""
+    def k(*args):
+        tiles = [nl.load(a) for a in args]
+        r = fn(*tiles)
+        out = nl.ndarray(out_shape or r.shape, dtype=out_dtype or r.dtype, buffer=nl.shared_hbm)
+        nl.store(out, value=r)
+        return out
+    return nki.jit(k)
+
+
+def run(fn, *arrays, **kw):
+    return nki.simulate_kernel(unary_kernel(fn, **kw), *arrays)
+
+
+def close(out, ref, dtype):
+    tol = 1e-5 if dtype == np.float32 else 1e-2
+    np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(ref, np.float32), rtol=tol, atol=tol)
+
+
+ALU = {"add": np.add, "subtract": np.subtract, "multiply": np.multiply, "maximum": np.maximum,
+       "minimum": np.minimum, "divide": np.divide}
+
+
+@pytest.mark.parametrize("dtype", [np.float32, BF16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("op", list(ALU))
+def test_tensor_tensor(op, dtype):
+    a, b = rand(128, 512, dtype=dtype), rand(128, 512, dtype=dtype, lo=0.5)
+    out = run(lambda x, y: nisa.tensor_tensor(x, y, getattr(nl, op)), a, b)
+    assert out.dtype == dtype
+    ref = ALU[op](a.astype(np.float32), b.astype(np.float32)).astype(dtype)
+    close(out, ref, dtype)
+
+
+def test_numpy_ufuncs_are_accepted_as_ops():
+    a, b = rand(64, 256), rand(64, 256)
+    close(run(lambda x, y: nisa.tensor_tensor(x, y, np.maximum), a, b), np.maximum(a, b), np.float32)
+    close(run(lambda x: nisa.activation(np.exp, x), a), np.exp(a), np.float32)
+
+
+ACT = {"exp": np.exp, "tanh": np.tanh, "relu": lambda x: np.maximum(x, 0), "sigmoid": lambda x: 1 / (1 + np.exp(-x)),
+       "square": np.square, "abs": np.abs, "negative": np.negative, "sin": np.sin, "copy": lambda x: x,
+       "silu": lambda x: x / (1 + np.exp(-x)), "softplus": lambda x: np.log1p(np.exp(x))}
+
+
+@pytest.mark.parametrize("fn", list(ACT))
+def test_activation_with_scale_and_bias(fn):
+    a, bias, scale = rand(128, 300), rand(128, 1), rand(128, 1, lo=0.5, hi=1.0)
+    out = run(lambda x, b, s: nisa.activation(op=getattr(nl, fn) if fn != "copy" else "copy", data=x, bias=b, scale=s),
+              a, bias, scale)
+    close(out, ACT[fn](a * scale + bias), np.float32)
+    out = run(lambda x: nisa.activation(op=getattr(nl, fn) if fn != "copy" else "copy", data=x, scale=0.5), a)
+    close(out, ACT[fn](a * 0.5), np.float32)
+
+
+def test_activation_reduce_and_tensor_scalar_reduce():
+    a = rand(128, 512)
+
+    def k(x):
+        r = nl.ndarray((128, 1), nl.float32)
+        nisa.activation_reduce(op=nl.exp, data=x, reduce_op=nl.add, reduce_res=r)
+        return r
+    close(run(k, a), np.exp(a).sum(1, keepdims=True), np.float32)
+
+    def k2(x):
+        r = nl.ndarray((128, 1), nl.float32)
+        nisa.tensor_scalar_reduce(data=x, op0=nl.multiply, operand0=2.0, reduce_op=nl.maximum, reduce_res=r)
+        return r
+    close(run(k2, a), (a * 2).max(1, keepdims=True), np.float32)
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_tensor_scalar_constants_and_vectors(reverse):
+    a, v = rand(128, 256), rand(128, 1, lo=0.5)
+    out = run(lambda x, s: nisa.tensor_scalar(x, nl.subtract, s, reverse0=reverse, op1=nl.multiply, operand1=3.0), a, v)
+    ref = ((v - a) if reverse else (a - v)) * 3.0
+    close(out, ref, np.float32)
+
+
+def test_scalar_tensor_tensor_and_scan():
+    a, b, s = rand(128, 64), rand(128, 64), rand(128, 1)
+    out = run(lambda x, y, z: nisa.scalar_tensor_tensor(data=x, op0=nl.multiply, operand0=z, op1=nl.add, operand1=y),
+              a, b, s)
+    close(out, a * s + b, np.float32)
+    out = run(lambda x, y: nisa.tensor_tensor_scan(x, y, 0.0, nl.multiply, nl.add), a, b)
+    ref = np.zeros_like(a)
+    acc = np.zeros(128, np.float32)
+    for i in range(64):
+        acc = acc * a[:, i] + b[:, i]
+        ref[:, i] = acc
+    close(out, ref, np.float32)
+
+
+@pytest.mark.parametrize("op,np_op", [("add", np.sum), ("maximum", np.max), ("minimum", np.min)])
+def test_tensor_reduce_free_axes(op, np_op):
+    a = rand(128, 8, 64)
+    close(run(lambda x: nisa.tensor_reduce(getattr(nl, op), x, axis=[1, 2], keepdims=True), a),
+          np_op(a, axis=(1, 2), keepdims=True), np.float32)
+    close(run(lambda x: nisa.tensor_reduce(getattr(nl, op), x, axis=2, negate=True), a, out_shape=(128, 8)),
+          -np_op(a, axis=2), np.float32)
+    # nl reductions take any free axes (the compiler's transposes)
+    close(run(lambda x: nl.sum(x, axis=1), a), a.sum(1), np.float32)
+
+
+def test_partition_reduce():
+    a = rand(128, 96)
+    close(run(lambda x: nisa.tensor_partition_reduce(nl.add, x), a), a.sum(0, keepdims=True), np.float32)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, BF16], ids=["fp32", "bf16"])
+def test_nc_matmul_accumulates_fp32(dtype):
+    s, m = rand(128, 96, dtype=dtype), rand(128, 500, dtype=dtype)
+    out = run(lambda x, y: nisa.nc_matmul(x, y), s, m)
+    assert out.dtype == np.float32
+    ref = s.astype(np.float32).T @ m.astype(np.float32)
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-3)
+    # nl.matmul with and without transpose_x
+    x, y = rand(64, 128), rand(128, 256)
+    np.testing.assert_allclose(run(lambda p, q: nl.matmul(p, q), x, y), x @ y, rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(run(lambda p, q: nl.matmul(p, q, transpose_x=True), x.T.copy(), y), x @ y,
+                               rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("shape,engine", [((128, 96), nisa.tensor_engine), ((32, 16), nisa.vector_engine)])
+def test_transposes(shape, engine):
+    a = rand(*shape)
+    assert np.array_equal(run(lambda x: nisa.nc_transpose(x, engine=engine), a), a.T)
+    assert np.array_equal(run(lambda x: nl.transpose(x), a), a.T)
+
+    @nki.jit
+    def dma(x):
+        t = nisa.dma_transpose(x)
+        out = nl.ndarray(t.shape, dtype=t.dtype, buffer=nl.shared_hbm)
+        nl.store(out, value=t)
+        return out
+    assert np.array_equal(nki.simulate_kernel(dma, a), a.T)
+
+    @nki.jit
+    def load_t(x):
+        t = nl.load_transpose2d(x)
+        out = nl.ndarray(t.shape, dtype=t.dtype, buffer=nl.shared_hbm)
+        nl.store(out, value=t)
+        return out
+    assert np.array_equal(nki.simulate_kernel(load_t, a), a.T)
+
+
+def test_copy_casts_with_rounding():
+    a = rand(128, 200)
+    out = run(lambda x: nisa.tensor_copy(x, dtype=nl.bfloat16), a)
+    assert out.dtype == BF16 and np.array_equal(out, a.astype(BF16))
+    out = run(lambda x: nl.copy(x, dtype=nl.float16), a)
+    assert out.dtype == np.float16 and np.array_equal(out, a.astype(np.float16))
+
+
+def test_iota_memset_affine_select():
+    @nki.jit
+    def k():
+        i = nisa.iota(nl.arange(128)[:, None] * 512 + nl.arange(512)[None, :], dtype=nl.int32)
+        z = nisa.memset((128, 512), 7.0, nl.float32)
+        iq, ik = nl.mgrid[0:128, 0:512]
+        sel = nisa.affine_select(iq - ik >= 0, z, -1.0)
+        o1 = nl.ndarray((128, 512), nl.int32, buffer=nl.shared_hbm)
+        o2 = nl.ndarray((128, 512), nl.float32, buffer=nl.shared_hbm)
+        nl.store(o1, value=i)
+        nl.store(o2, value=sel)
+        return o1, o2
+    o1, o2 = nki.simulate_kernel(k)
+    assert np.array_equal(o1, np.arange(128 * 512).reshape(128, 512))
+    iq, ik = np.mgrid[0:128, 0:512]
+    assert np.array_equal(o2, np.where(iq >= ik, 7.0, -1.0))
+
+
+def test_bn_stats_and_aggr():
+    a = rand(128, 1024) * 3 + 1
+
+    def k(x):
+        s = nl.ndarray((128, 12), nl.float32)
+        s[:, 0:6] = nisa.bn_stats(x[:, 0:512])
+        s[:, 6:12] = nisa.bn_stats(x[:, 512:1024])
+        return nisa.bn_aggr(s)
+    out = run(k, a)
+    close(out, np.stack([a.mean(1), a.var(1)], 1), np.float32)
+
+
+def test_reciprocal_max8_find_index8_gather():
+    a = rand(32, 128, lo=0.5)
+    close(run(lambda x: nisa.reciprocal(x), a), 1 / a, np.float32)
+    top = run(lambda x: nisa.max8(src=x), a)
+    assert np.array_equal(top, -np.sort(-a, axis=1)[:, :8])
+    idx = run(lambda x: nisa.nc_find_index8(data=x, vals=nisa.max8(src=x)), a)
+    assert np.array_equal(idx, np.argsort(-a, axis=1)[:, :8])
+    ind = rng.integers(0, 128, size=(32, 16)).astype(np.uint32)
+    assert np.array_equal(run(lambda x, i: nl.gather_flattened(x, i), a, ind), np.take_along_axis(a, ind, 1))
+
+
+def test_dropout_statistics():
+    a = np.ones((128, 2048), np.float32)
+    out = run(lambda x: nisa.dropout(x, 0.25), a)
+    kept = (out != 0).mean()
+    assert 0.72 < kept < 0.78 and set(np.unique(out)) <= {0.0, 1.0}
+
+
+@pytest.mark.parametrize("dtype", [np.float32, BF16], ids=["fp32", "bf16"])
+def test_masked_elementwise_leaves_the_rest(dtype):
+    a, b = rand(128, 64, dtype=dtype), rand(128, 64, dtype=dtype)
+
+    @nki.jit
+    def k(x, y):
+        i_p, i_f = nl.mgrid[0:128, 0:64]
+        out = nl.ndarray((128, 64), x.dtype, buffer=nl.shared_hbm)
+        tx, ty = nl.load(x), nl.load(y)
+        r = nl.zeros((128, 64), x.dtype)
+        r[i_p, i_f] = nl.add(tx, ty, mask=(i_p >= i_f))  # causal: non-rectangular
+        nl.store(out, value=r)
+        return out
+    out = nki.simulate_kernel(k, a, b)
+    i_p, i_f = np.mgrid[0:128, 0:64]
+    ref = np.where(i_p >= i_f, (a.astype(np.float32) + b.astype(np.float32)).astype(dtype), 0)
+    close(out, ref, dtype)  # the masked-off positions keep r's zeros (no NaN of the add's result)
+
+
+def test_promotion_rules():
+    from torch_neuronx.nki._emit import promote
+    import torch
+    assert promote(torch.float16, torch.bfloat16) == torch.float32
+    assert promote(torch.float8_e4m3fn, torch.float8_e5m2) == torch.bfloat16
+    assert promote(torch.int32, torch.uint32) == torch.float32
+    assert promote(torch.int8, torch.uint8) == torch.int16
+    a = rand(128, 64, dtype=np.float16)
+    assert run(lambda x: nl.multiply(x, 1.5), a).dtype == np.float32  # Python float is fp32
