@@ -21,7 +21,7 @@ import torch  # noqa: E402
 
 from . import _C  # noqa: E402
 
-__all__ = ["metrics", "reset_metrics", "set_execution_mode", "get_execution_mode"]
+__all__ = ["metrics", "reset_metrics", "set_execution_mode", "get_execution_mode", "nki_op", "wrap_nki"]
 __version__ = "0.1.0"
 
 
@@ -141,3 +141,11 @@ _atexit.register(_shutdown)
 
 if _os.environ.get("TORCH_NEURONX_EXECUTION_MODE"):
     set_execution_mode(_os.environ["TORCH_NEURONX_EXECUTION_MODE"])
+
+
+def __getattr__(name):
+    # torch_neuronx.nki_op / wrap_nki (TorchNeuron's names), loaded with the kernel language on first use
+    if name in ("nki_op", "wrap_nki"):
+        from .nki import torch_ops
+        return getattr(torch_ops, name)
+    raise AttributeError(f"module 'torch_neuronx' has no attribute '{name}'")

@@ -154,7 +154,7 @@ class _Launcher:
             conv_args.append(self._tensor_arg(a, tensors, key))
         conv_kwargs = {n: self._tensor_arg(v, tensors, key, n) for n, v in kwargs.items()}
         for t in tensors:
-            if t.device.type != "cpu":
+            if t.device.type not in ("cpu", "meta"):
                 if device is not None and t.device != device:
                     raise ValueError(f"NKI kernel arguments are on different devices: {device} and {t.device}")
                 device = t.device
@@ -171,6 +171,10 @@ class _Launcher:
             if key is not None:
                 k._cache[key] = cached
         k.last_trace_stats = cached
+        if any(_is_fake(t) for t in tensors):
+            # shape propagation (torch.compile, meta): the declared outputs, nothing run
+            outs = [torch.empty(shape, dtype=dtype, device=tensors[0].device) for shape, dtype in cached.hbm]
+            return self._results(cached.result, tensors, outs, False)
         outs = self._run(cached, tensors, device)
         as_numpy = numpy_in if k.numpy_results is None else k.numpy_results
         return self._results(cached.result, tensors, outs, as_numpy)
@@ -249,6 +253,12 @@ class _Launcher:
                 return tuple(build(x) for x in s)
             return s
         return build(spec)
+
+
+def _is_fake(t):
+    return t.device.type == "meta" or type(t).__name__ == "FakeTensor" or \
+        torch._C._dispatch_tls_is_dispatch_key_included(torch._C.DispatchKey.Python) and \
+        getattr(t, "fake_mode", None) is not None
 
 
 def _hashable(a):
