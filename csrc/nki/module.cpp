@@ -58,6 +58,7 @@ Access access_of(const py::handle& h) {
   a.sizes = t[3].cast<std::vector<int64_t>>();
   a.strides = t[4].cast<std::vector<int64_t>>();
   a.role = t[5].cast<std::string>();
+  a.tile = t.size() > 6 ? t[6].cast<int>() : -1;
   return a;
 }
 
@@ -77,15 +78,18 @@ void bind(py::module& parent) {
   py::class_<Program, std::shared_ptr<Program>>(m, "Program")
       .def(py::init<int64_t>())
       .def("allocate",
-           [](Program& p, int space, py::handle dtype, int64_t partitions, int64_t free_elems, const std::string& what) {
-             try {
-               return p.allocate(static_cast<Space>(space), dtype_of(dtype), partitions, free_elems, what);
-             } catch (const std::length_error& e) {  // on-chip memory full: MemoryError, as out of memory
-               PyErr_SetString(PyExc_MemoryError, e.what());
-               throw py::error_already_set();
-             }
+           [](Program& p, int space, py::handle dtype, int64_t partitions, int64_t blocks, int64_t free_elems,
+              const std::string& what) {
+             return p.allocate(static_cast<Space>(space), dtype_of(dtype), partitions, blocks, free_elems, what);
            })
-      .def("free", [](Program& p, int space, int64_t offset) { p.free(static_cast<Space>(space), offset); })
+      .def("finalize", [](Program& p) {
+        try {
+          p.finalize();
+        } catch (const std::length_error& e) {  // on-chip memory full: MemoryError, as out of memory
+          PyErr_SetString(PyExc_MemoryError, e.what());
+          throw py::error_already_set();
+        }
+      })
       .def("add_hbm", [](Program& p, py::handle dtype, std::vector<int64_t> sizes) {
         return p.add_hbm(dtype_of(dtype), std::move(sizes));
       })
@@ -125,8 +129,8 @@ void bind(py::module& parent) {
       })
       .def("register", [](std::shared_ptr<Program> p) { return register_program(p); })
       .def_property_readonly("num_instructions", [](const Program& p) { return p.instructions().size(); })
-      .def_property_readonly("sbuf_peak", [](const Program& p) { return p.allocator(Space::kSbuf).peak(); })
-      .def_property_readonly("psum_peak", [](const Program& p) { return p.allocator(Space::kPsum).peak(); })
+      .def_property_readonly("sbuf_peak", [](const Program& p) { return p.peak_bytes(Space::kSbuf); })
+      .def_property_readonly("psum_peak", [](const Program& p) { return p.peak_bytes(Space::kPsum); })
       .def("instruction_names", [](const Program& p) {
         std::vector<std::string> n;
         for (const auto& i : p.instructions()) n.push_back(i.name);

@@ -15,42 +15,78 @@ int64_t Access::numel() const {
   return n;
 }
 
-Program::Program(int64_t num_args)
-    : num_args_(num_args),
-      sbuf_(Space::kSbuf, target().sbuf_partition_bytes, 64),
-      psum_(Space::kPsum, target().psum_partition_bytes, target().psum_bank_bytes) {}
+Program::Program(int64_t num_args) : num_args_(num_args) {}
 
-int64_t Program::allocate(Space space, at::ScalarType dtype, int64_t partitions, int64_t free_elems,
-                          const std::string& what) {
+int Program::allocate(Space space, at::ScalarType dtype, int64_t partitions, int64_t blocks, int64_t free_elems,
+                      const std::string& what) {
+  TORCH_CHECK(!finalized_, "NKI program: allocation after the kernel was placed");
   const Target& t = target();
   if (partitions > t.partitions)
     throw std::invalid_argument(std::string(space_name(space)) + " tensor " + what + " partition dimension " +
                                 std::to_string(partitions) + " exceeds maximum " + std::to_string(t.partitions));
-  const int64_t bytes = free_elems * static_cast<int64_t>(c10::elementSize(dtype));
-  if (space == Space::kPsum && bytes > t.psum_bank_bytes)
-    throw std::invalid_argument("PSUM tensor " + what + " needs " + std::to_string(bytes) +
+  const int64_t item = static_cast<int64_t>(c10::elementSize(dtype));
+  const int64_t block_bytes = free_elems * item;
+  if (space == Space::kPsum && block_bytes > t.psum_bank_bytes)
+    throw std::invalid_argument("PSUM tensor " + what + " needs " + std::to_string(block_bytes) +
                                 " bytes per partition; a PSUM tile must fit one " +
                                 std::to_string(t.psum_bank_bytes) + "-byte bank (at most " +
                                 std::to_string(t.psum_bank_bytes / 4) + " fp32 per partition)");
-  TileAllocator& a = space == Space::kPsum ? psum_ : sbuf_;
-  const int64_t off = a.allocate(bytes, what);
+  // PSUM blocks start on bank boundaries (a matmul accumulates into one bank).
+  const int64_t stride = space == Space::kPsum ? t.psum_bank_bytes : block_bytes;
+  Tile tile{space, blocks * stride, static_cast<int64_t>(code_.size()), static_cast<int64_t>(code_.size()), what};
+  tiles_.push_back(tile);
+  const int id = static_cast<int>(tiles_.size() - 1);
   // New tiles hold garbage on hardware: NaN (floats) or a sentinel (ints)
   // makes a read of never-written memory visible in results.
-  Instruction fill{Kind::kFill, "<allocate>"};
-  Access& d = fill.ops.emplace_back();
-  d.buffer = space == Space::kPsum ? kPsumBuffer : kSbufBuffer;
-  d.dtype = dtype;
-  d.byte_offset = off;
-  d.sizes = {partitions, free_elems};
   const int64_t partition_bytes = space == Space::kPsum ? t.psum_partition_bytes : t.sbuf_partition_bytes;
-  d.strides = {partition_bytes / static_cast<int64_t>(c10::elementSize(dtype)), 1};
-  d.role = what;
-  fill.scalars = {c10::isFloatingType(dtype) ? std::numeric_limits<double>::quiet_NaN() : 4.0};
-  code_.push_back(std::move(fill));
-  return off;
+  for (int64_t b = 0; b < blocks; ++b) {
+    Instruction fill{Kind::kFill, "<allocate>"};
+    Access& d = fill.ops.emplace_back();
+    d.buffer = space == Space::kPsum ? kPsumBuffer : kSbufBuffer;
+    d.tile = id;
+    d.dtype = dtype;
+    d.byte_offset = b * stride;
+    d.sizes = {partitions, free_elems};
+    d.strides = {partition_bytes / item, 1};
+    d.role = what;
+    fill.scalars = {c10::isFloatingType(dtype) ? std::numeric_limits<double>::quiet_NaN() : 4.0};
+    code_.push_back(std::move(fill));
+  }
+  return id;
 }
 
-void Program::free(Space space, int64_t offset) { (space == Space::kPsum ? psum_ : sbuf_).free(offset); }
+void Program::finalize() {
+  if (finalized_) return;
+  const Target& t = target();
+  for (const Instruction& ins : code_)
+    for (const Access& a : ins.ops)
+      if (a.tile >= 0) tiles_[a.tile].last = std::max(tiles_[a.tile].last, &ins - code_.data());
+  TileAllocator sbuf(Space::kSbuf, t.sbuf_partition_bytes, 64), psum(Space::kPsum, t.psum_partition_bytes,
+                                                                      t.psum_bank_bytes);
+  // Tiles in allocation order (first is non-decreasing); release those whose last use is past.
+  std::vector<int> live;
+  for (size_t i = 0; i < tiles_.size(); ++i) {
+    Tile& tile = tiles_[i];
+    for (auto it = live.begin(); it != live.end();) {
+      Tile& o = tiles_[*it];
+      if (o.last < tile.first) {
+        (o.space == Space::kPsum ? psum : sbuf).free(o.offset);
+        it = live.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    TileAllocator& a = tile.space == Space::kPsum ? psum : sbuf;
+    tile.offset = a.allocate(tile.bytes, tile.what);  // throws std::length_error with the free bytes
+    live.push_back(static_cast<int>(i));
+  }
+  sbuf_peak_ = sbuf.peak();
+  psum_peak_ = psum.peak();
+  for (Instruction& ins : code_)
+    for (Access& a : ins.ops)
+      if (a.tile >= 0) a.byte_offset += tiles_[a.tile].offset;
+  finalized_ = true;
+}
 
 int Program::add_hbm(at::ScalarType dtype, std::vector<int64_t> sizes) {
   hbm_.push_back({dtype, std::move(sizes)});
@@ -58,7 +94,11 @@ int Program::add_hbm(at::ScalarType dtype, std::vector<int64_t> sizes) {
 }
 
 void Program::emit(Instruction ins) {
+  TORCH_CHECK(!finalized_, "NKI program: instruction after the kernel was placed");
   check_instruction(ins, target());
+  for (const Access& a : ins.ops)
+    TORCH_CHECK(a.tile < static_cast<int>(tiles_.size()) && (a.tile >= 0) == a.on_chip(),
+                ins.name, ": ", a.role, " refers to no allocated tile");
   code_.push_back(std::move(ins));
 }
 
@@ -105,6 +145,7 @@ at::Tensor& arena(int which, int64_t bytes) {
 }  // namespace
 
 void Program::run(const std::vector<at::Tensor>& hbm) const {
+  TORCH_CHECK(finalized_, "NKI program: run before its tiles were placed (finalize)");
   const Target& t = target();
   TORCH_CHECK(static_cast<int64_t>(hbm.size()) == num_args_ + static_cast<int64_t>(hbm_.size()),
               "NKI program expects ", num_args_ + hbm_.size(), " HBM tensors, got ", hbm.size());

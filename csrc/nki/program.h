@@ -22,8 +22,9 @@ constexpr int kSbufBuffer = 0, kPsumBuffer = 1, kFirstHbmBuffer = 2;
 
 struct Access {
   int buffer = 0;
+  int tile = -1;                    // on-chip: the tile (its address is placed at finalize())
   at::ScalarType dtype = at::kFloat;
-  int64_t byte_offset = 0;          // from the buffer's start (on-chip: within partition 0)
+  int64_t byte_offset = 0;          // from the buffer's start (on-chip: from the tile's start, in partition 0)
   std::vector<int64_t> sizes;       // partition dim first for on-chip accesses
   std::vector<int64_t> strides;     // in elements of dtype
   std::string role;                 // operand name in messages ("data1", "stationary")
@@ -75,14 +76,28 @@ struct HbmBuffer {
   std::vector<int64_t> sizes;
 };
 
+// An on-chip allocation. Like the NKI compiler, the program places tiles once
+// the kernel is traced: a tile is live from its allocation to its last use,
+// and tiles whose lifetimes do not overlap may share memory.
+struct Tile {
+  Space space;
+  int64_t bytes = 0;              // per partition
+  int64_t first = 0, last = 0;    // instruction indices of allocation and last use
+  std::string what;               // name, shape, dtype and kernel line, for messages
+  int64_t offset = -1;            // placed byte offset within each partition
+};
+
 class Program {
  public:
   explicit Program(int64_t num_args);
 
-  // On-chip allocation (capacity checked, NaN/sentinel fill recorded).
-  int64_t allocate(Space space, at::ScalarType dtype, int64_t partitions, int64_t free_elems,
-                   const std::string& what);
-  void free(Space space, int64_t offset);
+  // An on-chip tile of `blocks` blocks of free_elems elements per partition (its
+  // NaN/sentinel fill recorded); the tile id for accesses. Each PSUM block must fit a bank.
+  int allocate(Space space, at::ScalarType dtype, int64_t partitions, int64_t blocks, int64_t free_elems,
+               const std::string& what);
+  // Places the tiles (first fit in order of allocation, freeing those past their last
+  // use), throwing std::length_error when one does not fit; then the program can run.
+  void finalize();
   // An HBM tensor the kernel allocates (its outputs, scratch): its buffer index.
   int add_hbm(at::ScalarType dtype, std::vector<int64_t> sizes);
   // Checks the instruction against the target's limits (throws
@@ -96,13 +111,15 @@ class Program {
   int64_t num_args() const { return num_args_; }
   const std::vector<HbmBuffer>& hbm_buffers() const { return hbm_; }
   const std::vector<Instruction>& instructions() const { return code_; }
-  const TileAllocator& allocator(Space s) const { return s == Space::kPsum ? psum_ : sbuf_; }
+  int64_t peak_bytes(Space s) const { return s == Space::kPsum ? psum_peak_ : sbuf_peak_; }
 
  private:
   int64_t num_args_;
   std::vector<HbmBuffer> hbm_;
   std::vector<Instruction> code_;
-  TileAllocator sbuf_, psum_;
+  std::vector<Tile> tiles_;
+  bool finalized_ = false;
+  int64_t sbuf_peak_ = 0, psum_peak_ = 0;
 };
 
 // Checks (checks.cpp): throw std::invalid_argument.

@@ -144,16 +144,35 @@ def test_reduce_along_partitions_is_rejected():
 
 def test_sbuf_and_psum_capacity():
     def sbuf(a):
-        keep = [nl.ndarray((128, 16384), nl.float32) for _ in range(4)]  # 64 KiB per partition each
-        return None
-    with pytest.raises(MemoryError, match=r"SBUF allocation of .* 65536 bytes per partition requested, 32768 of "
-                                          r"229376 bytes per partition free .*test_checks.py:\d+"):
+        keep = [nl.zeros((128, 16384), nl.float32) for _ in range(4)]  # 64 KiB per partition each
+        nl.add(nl.add(keep[0], keep[1]), nl.add(keep[2], keep[3]))  # all four live at once
+    with pytest.raises(MemoryError, match=r"SBUF allocation of 't4' \[128, 16384\] float32 \(at .*test_nki_checks.py:"
+                                          r"\d+\) does not fit: 65536 bytes per partition requested, 32768 of "
+                                          r"229376 bytes per partition free"):
         run(sbuf)
 
     def psum(a):
         banks = [nl.zeros((128, 512), nl.float32, buffer=nl.psum) for _ in range(9)]
+        for b in banks:
+            nl.copy(b)
     with pytest.raises(MemoryError, match="PSUM allocation .* 0 of 16384 bytes per partition free"):
         run(psum)
+
+
+def test_tiles_are_placed_by_lifetime():
+    def k(a):
+        # 8 x 64 KiB tiles in sequence: each is dead after its last use, so they share memory
+        out = nl.ndarray((128, 16384), nl.float32, buffer=nl.shared_hbm)
+        acc = nl.zeros((128, 16384), nl.float32)
+        for i in range(8):
+            t = nl.full((128, 16384), float(i), nl.float32)
+            acc[...] = nl.add(acc, t)
+        nl.store(out, value=acc)
+        return out
+    kern = nki.jit(k)
+    out = kern(np.zeros((1,), np.float32))
+    assert (out == 28).all()
+    assert kern.last_trace_stats.program.sbuf_peak == 3 * 65536  # acc, t and the add's result
 
 
 def test_tiles_freed_in_a_loop_do_not_exhaust_sbuf():
@@ -171,8 +190,10 @@ def test_trn1_target_has_smaller_sbuf(monkeypatch):
     monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn1")
 
     def k(a):
-        keep = [nl.ndarray((128, 16384), nl.float32) for _ in range(3)]  # 192 KiB fits trn1 exactly
-        more = nl.ndarray((128, 16), nl.float32)
+        keep = [nl.zeros((128, 16384), nl.float32) for _ in range(3)]  # 192 KiB fits trn1 exactly
+        more = nl.zeros((128, 16), nl.float32)
+        for t in keep + [more]:
+            nl.copy(t)
     with pytest.raises(MemoryError, match="0 of 196608 bytes per partition free"):
         run(k)
     assert nisa.get_nc_version() == nisa.nc_version.gen2

@@ -7,6 +7,7 @@ import os
 import sys
 import threading
 
+import numpy as np
 import torch
 
 from ._index import Mask
@@ -106,11 +107,10 @@ def new_tensor(shape, dtype, buffer=None, name=""):
     nfree = math.prod(free)
     where = kernel_line()
     try:
-        off = tr.program.allocate(space, dtype, P, math.prod(blocks) * nfree, f"'{name}' {list(shape)} {_dname(dtype)}")
-    except MemoryError as e:
-        raise MemoryError(f"{e} (at {where})") from None
+        tile = tr.program.allocate(space, dtype, P, math.prod(blocks), nfree,
+                                   f"'{name}' {list(shape)} {_dname(dtype)} (at {where})")
     except ValueError as e:
-        raise ValueError(f"{e} (at {where})") from None
+        raise ValueError(str(e)) from None
     pstride = tr.partition_bytes(space) // itemsize(dtype)
     strides = [0] * len(shape)
     s = 1
@@ -118,11 +118,13 @@ def new_tensor(shape, dtype, buffer=None, name=""):
         strides[i] = s
         s *= shape[i]
     strides[pa] = pstride
+    if space == PSUM:  # each block in its own bank
+        s = tr.psum_bank_bytes // itemsize(dtype)
     for i in range(pa - 1, -1, -1):
         strides[i] = s
         s *= shape[i]
-    return NkiTensor(tr, SBUF_BUFFER if space == SBUF else PSUM_BUFFER, space, shape, dtype, strides, off, pa, name,
-                     alloc_offset=off)
+    return NkiTensor(tr, SBUF_BUFFER if space == SBUF else PSUM_BUFFER, space, shape, dtype, strides, 0, pa, name,
+                     tile=tile)
 
 
 def new_tile(shape, dtype, space=SBUF, name=""):
@@ -175,6 +177,10 @@ def issue(kind, name, dst, srcs=(), fns=(), scalars=(), ints=(), mask=None, cons
     the mask keeps along the dims it shares with that space; what remains of a
     non-rectangular mask guards dst's writes elementwise."""
     tr = current()
+    if isinstance(mask, (bool, np.bool_)):  # a mask of plain ints evaluated at trace time
+        if not mask:
+            return
+        mask = None
     ops = [dst] + list(srcs)
     if dst.tensor.__dict__.pop("_fresh", False) and mask is not None:
         # a new tile made under a mask: assigning it elsewhere copies only what was computed
@@ -225,7 +231,7 @@ def precheck(kind, name, dst_shape, dst_space, srcs, roles, ints=()):
     allocated (so the error names the operand's limit, not the result's size)."""
     tr = current()
     buf = PSUM_BUFFER if dst_space == PSUM else SBUF_BUFFER
-    dst = (buf, torch.float32, 0, list(dst_shape), [1] * len(dst_shape), "dst")
+    dst = (buf, torch.float32, 0, list(dst_shape), [1] * len(dst_shape), "dst", -1)
     tr.program.check(kind, name, [dst] + [v.access(r) for v, r in zip(srcs, roles)], [int(i) for i in ints])
 
 

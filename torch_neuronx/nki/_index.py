@@ -7,6 +7,7 @@ gives an access pattern with the broadcast shape of the expressions.
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 
@@ -143,6 +144,8 @@ class Mask:
         self.conds = list(conds)
 
     def __and__(self, other):
+        if isinstance(other, (bool, np.bool_)):  # a comparison of plain loop indices
+            return self if other else Mask(self.conds + [(IndexExpr(1, {}, ()), "lt")])  # 1 < 0: never
         if not isinstance(other, Mask):
             raise TypeError("masks combine with & only with other index comparisons")
         return Mask(self.conds + other.conds)
@@ -182,7 +185,15 @@ class MGrid(tuple):
 
     @property
     def x(self):
-        return self[-1]
+        return self[1] if len(self) > 1 else self[-1]
+
+    @property
+    def y(self):
+        return self[2]
+
+    @property
+    def z(self):
+        return self[3]
 
 
 class _MGridMaker:

@@ -166,17 +166,12 @@ class NkiTensor(TileMath):
     """A tensor in HBM (a kernel argument or an allocation) or a tile in SBUF/PSUM."""
 
     def __init__(self, trace, buffer, space, shape, dtype, strides, byte_offset=0, partition_axis=0, name="",
-                 alloc_offset=None):
+                 tile=-1):
         self.trace, self.buffer, self.space = trace, buffer, space
         self.shape, self.tdtype = tuple(int(s) for s in shape), dtype
         self.strides, self.byte_offset = tuple(strides), byte_offset
         self.partition_axis, self.name = partition_axis, name
-        self._alloc_offset = alloc_offset
-
-    def __del__(self):
-        if self._alloc_offset is not None and self.trace is not None and self.trace.active:
-            self.trace.program.free(self.space, self._alloc_offset)
-            self._alloc_offset = None
+        self.tile = tile  # on-chip: the program's tile (placed when the kernel is traced)
 
     @property
     def ndim(self):
@@ -217,7 +212,7 @@ class NkiTensor(TileMath):
         elif (self.space != HBM and self.partition_axis == 0 and shape and shape[0] == self.shape[0]
               and list(self.strides[1:]) == row(self.shape)[1:]):
             alias = NkiTensor(self.trace, self.buffer, self.space, shape, self.tdtype,
-                              [self.strides[0]] + row(shape)[1:], self.byte_offset, 0, self.name)
+                              [self.strides[0]] + row(shape)[1:], self.byte_offset, 0, self.name, self.tile)
         else:
             return self.view_all().reshape(shape)
         alias._base = self  # keeps the allocation alive
@@ -415,7 +410,7 @@ class View(TileMath):
         if F and step0 % F:
             raise ValueError(f".ap() partition step {step0} must be a multiple of the elements per partition ({F})")
         flat = NkiTensor(t.trace, t.buffer, t.space, (shape[0], F), t.tdtype, (t.strides[0], 1), t.byte_offset, 0,
-                         t.name)
+                         t.name, t.tile)
         flat._base = t
         po, fo = divmod(int(offset), F) if F else (int(offset), 0)
         return View(flat, sizes, [po, fo], [(step0 // F if F else 0,) + (0,) * (len(sizes) - 1),
@@ -484,7 +479,7 @@ class View(TileMath):
         item = itemsize(t.tdtype)
         off = t.byte_offset + item * sum(self.consts[k] * t.strides[k] for k in range(len(t.shape)))
         strides = [sum(self.coeffs[k][d] * t.strides[k] for k in range(len(t.shape))) for d in range(len(self.sizes))]
-        return (t.buffer, t.tdtype, off, list(self.sizes), strides, role)
+        return (t.buffer, t.tdtype, off, list(self.sizes), strides, role, t.tile)
 
     def __repr__(self):
         return f"View({self.tensor!r}, sizes={self.sizes})"

@@ -37,6 +37,7 @@ class Trace:
         self.active = True
         t = _nki.target()
         self._pbytes = {SBUF: t["sbuf_partition_bytes"], PSUM: t["psum_partition_bytes"]}
+        self.psum_bank_bytes = t["psum_bank_bytes"]
 
     def partition_bytes(self, space):
         return self._pbytes[space]
@@ -220,6 +221,7 @@ class _Launcher:
         finally:
             tr.active = False
             _emit.set_current(prev)
+        tr.program.finalize()  # places the tiles: MemoryError when they do not fit
         spec = _result_spec(result, tr)
         return _Cached(tr, spec)
 
