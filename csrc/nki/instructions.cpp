@@ -62,6 +62,40 @@ at::Tensor scalar_or(const at::Tensor& ap, bool is_ap, double v, const at::Tenso
   return is_ap ? per_partition(ap, like) : at::scalar_tensor(v, at::kFloat);
 }
 
+// A DMA whose HBM side is indexed per partition by values in an SBUF tile
+// (data[idx[p], ...]). ints: indirect operand (0 dst, 1 src), index operand,
+// element stride and size of the indexed dim, out-of-bounds skip, accumulate.
+void copy_indirect(const Instruction& ins, const std::vector<at::Tensor>& v) {
+  const int side = static_cast<int>(ins.ints[0]);
+  const at::Tensor& ind = v[side];
+  at::Tensor idx = v.at(ins.ints[1]).reshape({-1}).to(at::kLong);
+  const int64_t stride = ins.ints[2], size = ins.ints[3];
+  const bool skip = ins.ints[4] != 0, accumulate = ins.ints[5] != 0;
+  const at::Tensor& other = v[1 - side];
+  TORCH_CHECK(idx.numel() == ind.size(0), ins.name, ": ", idx.numel(), " indices for ", ind.size(0), " rows");
+  auto* base = static_cast<uint8_t*>(ind.data_ptr());
+  const int64_t item = static_cast<int64_t>(ind.element_size());
+  auto* ip = idx.data_ptr<int64_t>();
+  for (int64_t p = 0; p < ind.size(0); ++p) {
+    if (ip[p] < 0 || ip[p] >= size) {
+      if (skip) continue;
+      // AWS's simulator words it as NumPy does for the flattened tensor
+      TORCH_CHECK_INDEX(false, "index ", ip[p] * stride, " is out of bounds for axis 0 with size ", size * stride);
+    }
+    at::Tensor row = at::from_blob(base + ip[p] * stride * item, ind.sizes().slice(1), ind.strides().slice(1),
+                                   ind.options());
+    at::Tensor o = other.select(0, p);
+    if (side == 0) {
+      if (accumulate)
+        row.copy_(row.to(at::kFloat) + o.to(at::kFloat));
+      else
+        row.copy_(o);
+    } else {
+      o.copy_(row);
+    }
+  }
+}
+
 }  // namespace
 
 void execute(const Instruction& ins, const std::vector<at::Tensor>& v, uint64_t seed) {
@@ -77,7 +111,11 @@ void execute(const Instruction& ins, const std::vector<at::Tensor>& v, uint64_t 
       write(ins, dst, *ins.constant);
       return;
     case Kind::kCopy:
-      write(ins, dst, v[1]);
+      if (ins.ints.size() >= 6) {
+        copy_indirect(ins, v);
+      } else {
+        write(ins, dst, v[1]);
+      }
       return;
     case Kind::kMatmul: {
       // stationary (K, M...), moving (K, N...): dst (M, N) = stationaryᵀ · moving.

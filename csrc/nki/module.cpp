@@ -124,8 +124,14 @@ void bind(py::module& parent) {
            })
       .def("run", [](const Program& p, const py::list& hbm) {
         auto v = tensors_of(hbm);
-        py::gil_scoped_release nogil;
-        p.run(v);
+        try {
+          py::gil_scoped_release nogil;
+          p.run(v);
+        } catch (const c10::IndexError& e) {
+          throw py::index_error(e.what_without_backtrace());
+        } catch (const c10::Error& e) {
+          throw std::runtime_error(e.what_without_backtrace());
+        }
       })
       .def("register", [](std::shared_ptr<Program> p) { return register_program(p); })
       .def_property_readonly("num_instructions", [](const Program& p) { return p.instructions().size(); })

@@ -168,7 +168,7 @@ def _check_bounds(view, mask_t):
 
 
 def issue(kind, name, dst, srcs=(), fns=(), scalars=(), ints=(), mask=None, constant=None, same_shape=True,
-          roles=None):
+          roles=None, oob_skip=False, accumulate=False):
     """Emits one instruction on views ``dst`` and ``srcs``.
 
     A mask is evaluated over the instruction's iteration space: dst's shape for
@@ -221,6 +221,15 @@ def issue(kind, name, dst, srcs=(), fns=(), scalars=(), ints=(), mask=None, cons
     if any(0 in v.sizes for v in ops):
         return
     accesses = [v.access(r) for v, r in zip(ops, roles)]
+    ints = list(ints)
+    for i, v in enumerate(ops):
+        if v.indirect is None:
+            continue
+        if kind != "copy" or i > 1:
+            raise ValueError(f"{name}: dynamic (indirect) indexing is supported on a DMA's HBM side only")
+        k, idx = v.indirect
+        accesses.append(idx.access(roles[i] + "_index"))
+        ints = [i, len(accesses) - 1, v.tensor.strides[k], v.tensor.shape[k], int(oob_skip), int(accumulate)]
     tr.program.emit(kind, name, accesses, list(fns), [float(s) for s in scalars], [int(i) for i in ints],
                     mask_t.contiguous() if mask_t is not None else None, constant, "")
     tr.count(name)

@@ -231,11 +231,13 @@ class NkiTensor(TileMath):
 class View(TileMath):
     """An access pattern: ``sizes`` mapped affinely onto ``tensor``'s dimensions."""
 
-    __slots__ = ("tensor", "sizes", "consts", "coeffs")
+    __slots__ = ("tensor", "sizes", "consts", "coeffs", "indirect")
 
-    def __init__(self, tensor, sizes, consts, coeffs):
+    def __init__(self, tensor, sizes, consts, coeffs, indirect=None):
         self.tensor, self.sizes = tensor, tuple(int(s) for s in sizes)
         self.consts, self.coeffs = list(consts), [tuple(c) for c in coeffs]
+        # (tensor dim, index view): that dim is indexed per row (result dim 0) by values in an SBUF tile
+        self.indirect = indirect
 
     # the attributes kernels read
     shape = property(lambda self: self.sizes)
@@ -261,6 +263,21 @@ class View(TileMath):
         key = tuple(k.as_slice() if isinstance(k, DynSlice) else k for k in key) + (slice(None),) * (n - len(key))
         if self.tensor.space != HBM:
             key = self._on_chip_key(key)
+        # an SBUF tile of indices (dynamic indexing of an HBM tensor's leading dim)
+        dyn = [j for j, k in enumerate(key) if isinstance(k, (NkiTensor, View))]
+        indirect_index = None
+        if dyn:
+            j = dyn[0]
+            if len(dyn) > 1 or self.tensor.space != HBM or self.indirect is not None:
+                raise IndexError("dynamic indexing takes one SBUF tile of indices, on an HBM tensor's dimension")
+            iv = as_view(key[j])
+            if iv.space == HBM:
+                raise IndexError("indices for dynamic indexing must be in SBUF (load them first)")
+            rows = iv.sizes[0]
+            if math.prod(iv.sizes) != rows:
+                raise IndexError(f"an index tile has one index per partition, got shape {list(iv.sizes)}")
+            indirect_index = iv
+            key = key[:j] + (IndexExpr(0, {}, (rows, 1)),) + key[j + 1:]  # one row per index
         exprs = [k for k in key if isinstance(k, IndexExpr)]
         bshape = _index.broadcast_shapes(*[e.shape for e in exprs]) if exprs else ()
         nb = len(bshape)
@@ -300,7 +317,13 @@ class View(TileMath):
             co = tuple(sum(self.coeffs[k][j] * per_dim[j][1][d] for j in range(n)) for d in range(len(sizes)))
             consts.append(c)
             coeffs.append(co)
-        return View(self.tensor, sizes, consts, coeffs)
+        indirect = self.indirect
+        if indirect_index is not None:
+            if not (exprs and sizes and sizes[0] == indirect_index.sizes[0]):
+                raise IndexError("the index tile must give the access's first (partition) dimension")
+            k = next(k for k in range(len(self.consts)) if self.coeffs[k][dyn[0]])
+            indirect = (k, indirect_index)
+        return View(self.tensor, sizes, consts, coeffs, indirect)
 
     def __setitem__(self, key, value):
         self._lang()._into(self[key], value)
@@ -446,7 +469,10 @@ class View(TileMath):
         consts = [self.consts[k] + self.coeffs[k][dim] * start for k in range(len(self.consts))]
         sizes = list(self.sizes)
         sizes[dim] = length
-        return View(self.tensor, sizes, consts, self.coeffs)
+        indirect = self.indirect
+        if indirect is not None and dim == 0:
+            indirect = (indirect[0], indirect[1].narrow(0, start, length))
+        return View(self.tensor, sizes, consts, self.coeffs, indirect)
 
     def transposed(self):
         """The 2-D transpose of this access (dims swapped, no data moved)."""
@@ -459,6 +485,8 @@ class View(TileMath):
         """None if every index stays inside the tensor, else a message."""
         t = self.tensor
         for k, n in enumerate(t.shape):
+            if self.indirect is not None and k == self.indirect[0]:
+                continue  # checked per index when the kernel runs
             lo = hi = self.consts[k]
             for d, s in enumerate(self.sizes):
                 span = self.coeffs[k][d] * (s - 1)

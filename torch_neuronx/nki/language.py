@@ -145,6 +145,12 @@ def store(dst, value, *, mask=None, **kwargs):
     issue("copy", "store", d, [_broadcast(v, d.sizes)], mask=mask, roles=["dst", "value"])
 
 
+def atomic_rmw(dst, value, op, *, mask=None, **kwargs):
+    """``dst = op(dst, value)`` on HBM rows chosen by an index tile (``op`` must be np.add)."""
+    from . import isa
+    isa.dma_copy(dst=dst, src=value, dst_rmw_op=op, mask=mask)
+
+
 def load_transpose2d(src, *, mask=None, dtype=None, **kwargs):
     v = require_space(src, (HBM,), "load_transpose2d", "src").transposed()
     t = new_tile(v.sizes, to_dtype(dtype) or v.tdtype)

@@ -333,12 +333,15 @@ def dma_copy(*, dst, src, mask=None, dst_rmw_op=None, oob_mode=oob_mode.error, d
         raise ValueError(f"dma_copy requires src and dst to have the same number of elements, got "
                          f"src={math.prod(s.sizes)}, dst={math.prod(d.sizes)}")
     s = s if s.sizes == d.sizes else s.reshape(d.sizes)
+    skip = int(oob_mode) == int(globals()["oob_mode"].skip)
     if dst_rmw_op is not None:
         if nl._op_name(dst_rmw_op) != "add":
             raise ValueError("dma_copy dst_rmw_op supports only np.add")
-        issue("tensor_tensor", "dma_copy", d, [d, s], fns=["add"], mask=mask, roles=["dst", "dst", "src"])
-        return
-    issue("copy", "dma_copy", d, [s], mask=mask, roles=["dst", "src"])
+        if d.indirect is None:
+            issue("tensor_tensor", "dma_copy", d, [d, s], fns=["add"], mask=mask, roles=["dst", "dst", "src"])
+            return
+    issue("copy", "dma_copy", d, [s], mask=mask, roles=["dst", "src"], oob_skip=skip,
+          accumulate=dst_rmw_op is not None)
 
 
 def dma_transpose(src, *, axes=None, mask=None, dtype=None, _dst=None, **kwargs):
