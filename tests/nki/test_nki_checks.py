@@ -66,11 +66,11 @@ def test_matmul_limits():
         nisa.nc_matmul(s, m)
     raises(fp32_with_bf16, ValueError, "fp32 operands pair only with fp32")
 
-    def from_psum(a):
-        s = nl.zeros((128, 128), nl.float32, buffer=nl.psum)
+    def from_hbm(a):
         m = nl.load(a[0:128, 0:512])
-        nisa.nc_matmul(s, m)
-    raises(from_psum, TypeError, "Expected operand 'stationary' of 'nc_matmul' to be in address space 'sbuf'")
+        nisa.nc_matmul(a[0:128, 0:128], m)
+    raises(from_hbm, TypeError, "Expected operand 'stationary' of 'nc_matmul' to be in address space 'sbuf', "
+                                "but got a tile in 'hbm'")
 
 
 def test_gen2_matmul_output_must_be_psum():

@@ -218,6 +218,8 @@ def issue(kind, name, dst, srcs=(), fns=(), scalars=(), ints=(), mask=None, cons
     roles = roles or ["dst"] + [f"src{i}" for i in range(len(srcs))]
     for v in ops:
         _check_bounds(v, mask_t)
+    if ops[0].space == PSUM:
+        mark_written(ops[0])
     if any(0 in v.sizes for v in ops):
         return
     accesses = [v.access(r) for v, r in zip(ops, roles)]
@@ -233,6 +235,23 @@ def issue(kind, name, dst, srcs=(), fns=(), scalars=(), ints=(), mask=None, cons
     tr.program.emit(kind, name, accesses, list(fns), [float(s) for s in scalars], [int(i) for i in ints],
                     mask_t.contiguous() if mask_t is not None else None, constant, "")
     tr.count(name)
+
+
+def _region(v):
+    a = v.access("")
+    return (a[2], tuple(a[3]), tuple(a[4]))
+
+
+def mark_written(v):
+    """Records a write into a PSUM tile (a first ``psum += matmul`` overwrites instead of adding)."""
+    t = v.tensor
+    w = t.__dict__.setdefault("_written", set())
+    w.add("all" if tuple(v.sizes) == tuple(t.shape) and v.consts == [0] * len(t.shape) else _region(v))
+
+
+def was_written(v):
+    w = v.tensor.__dict__.get("_written", ())
+    return "all" in w or _region(v) in w
 
 
 def precheck(kind, name, dst_shape, dst_space, srcs, roles, ints=()):

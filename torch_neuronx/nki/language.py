@@ -183,10 +183,26 @@ def _broadcast(v, sizes):
     return v.broadcast_to(sizes)
 
 
+class _LoopReduced:
+    """``nl.loop_reduce``'s result: assigning it reduces into the destination across the loop."""
+
+    def __init__(self, x, op, dtype, mask):
+        self.x, self.op, self.dtype, self.mask = x, op, dtype, mask
+
+
+def loop_reduce(x, op, loop_indices, *, dtype=None, mask=None, **kwargs):
+    """``dst[...] = nl.loop_reduce(x, op, loop_indices)`` makes ``dst = op(dst, x)`` in every
+    iteration of the named loops (unrolled here), so ``dst`` ends as their reduction."""
+    return _LoopReduced(x, _op_name(op), dtype, mask)
+
+
 def _into(dst, value, mask=None):
     """``dst[...] = value``: a copy (or fill) into an existing tensor's access."""
     d = as_view(dst)
     if value is d:
+        return
+    if isinstance(value, _LoopReduced):
+        _update(d, value.op, value.x, mask=value.mask if mask is None else mask)
         return
     if not is_tile(value):
         issue("fill", "memset", d, scalars=[float(value)], mask=mask)
@@ -201,17 +217,21 @@ def _into(dst, value, mask=None):
     issue("copy", name, d, [_broadcast(v, d.sizes)], mask=mask, roles=["dst", "src"])
 
 
-def _update(dst, op, value):
+def _update(dst, op, value, mask=None):
     """``dst op= value`` in place; ``psum += nc_matmul(...)`` is the Tensor Engine's accumulation."""
     d = as_view(dst)
     if not is_tile(value):
         issue("tensor_scalar", "tensor_scalar", d, [d], fns=[op, "", ""], scalars=[float(value), 0.0],
-              ints=[0, 0, 0, 0, 0], roles=["dst", "data"])
+              ints=[0, 0, 0, 0, 0], roles=["dst", "data"], mask=mask)
         return
     v = _broadcast(value, d.sizes)
     accumulate = int(op == "add" and d.space == PSUM and v.space == PSUM)
+    if accumulate and not _emit.was_written(d):
+        # the first accumulation into a PSUM region overwrites it (as the Tensor Engine does)
+        issue("copy", "nc_matmul", d, [v], roles=["dst", "data"], mask=mask)
+        return
     issue("tensor_tensor", "nc_matmul" if accumulate else "tensor_tensor", d, [d, v], fns=[op], ints=[accumulate],
-          roles=["dst", "data1", "data2"])
+          roles=["dst", "data1", "data2"], mask=mask)
 
 
 # -- loops and SPMD ---------------------------------------------------------------
@@ -451,8 +471,9 @@ def where(condition, x, y, *, dtype=None, mask=None, **kwargs):
 
 def matmul(x, y, *, transpose_x=False, mask=None, **kwargs):
     """``x @ y`` (``x.T @ y`` with ``transpose_x``) on the Tensor Engine, into a new PSUM tile."""
-    a = require_space(x, (SBUF,), "matmul", "x")
-    b = require_space(y, (SBUF,), "matmul", "y")
+    from .isa import _to_sbuf
+    a = require_space(_to_sbuf(x), (SBUF,), "matmul", "x")
+    b = require_space(_to_sbuf(y), (SBUF,), "matmul", "y")
     stationary = a if transpose_x else a.transposed()
     m, n = stationary.sizes[1] if len(stationary.sizes) > 1 else 1, math.prod(b.sizes[1:])
     t = new_tile((m, n), torch.float32, PSUM)

@@ -86,18 +86,27 @@ def _out(v, dtype, space=SBUF, dst=None, shape=None):
 
 
 # -- matmul and transposes ---------------------------------------------------------
+def _to_sbuf(x):
+    """A PSUM tile copied to SBUF (what the Gen-1 compiler inserts before the Tensor Engine reads it)."""
+    if is_tile(x) and as_view(x).space == PSUM:
+        v = as_view(x)
+        t, d = _out(v, v.tdtype, SBUF)
+        issue("copy", "tensor_copy", d, [v], roles=["dst", "src"])
+        return t
+    return x
+
+
 def nc_matmul(stationary, moving, *, is_stationary_onezero=False, is_moving_onezero=False, is_transpose=False,
-              tile_position=(), tile_size=(), mask=None, _dst=None, _accumulate=False, **kwargs):
+              tile_position=(), tile_size=(), mask=None, _dst=None, _accumulate=False, _strict=False, **kwargs):
     """``stationary.T @ moving`` on the Tensor Engine into a new fp32 PSUM tile."""
+    if not _strict:  # Gen-1: the compiler copies a PSUM operand to SBUF first
+        stationary, moving = _to_sbuf(stationary), _to_sbuf(moving)
     s = require_space(stationary, (SBUF,), "nc_matmul", "stationary")
     m = require_space(moving, (SBUF,), "nc_matmul", "moving")
-    if is_transpose:
-        t, d = _out(m, m.tdtype, PSUM, _dst, (math.prod(m.sizes[1:]), m.sizes[0]))
-        issue("transpose", "nc_matmul", d, [m], ints=[0], same_shape=False, roles=["dst", "moving"])
-        return t
     shape = (math.prod(s.sizes[1:]), math.prod(m.sizes[1:]))
     precheck("matmul", "nc_matmul", shape, PSUM, [s, m], ["stationary", "moving"], [0])
-    t, d = _out(s, torch.float32, PSUM, _dst, shape)
+    # is_transpose: the PE passes data through (moving is an identity), keeping the input dtype
+    t, d = _out(s, s.tdtype if is_transpose else torch.float32, PSUM, _dst, shape)
     issue("matmul", "nc_matmul", d, [s, m], ints=[int(_accumulate)], mask=mask, same_shape=False,
           roles=["dst", "stationary", "moving"])
     return t
