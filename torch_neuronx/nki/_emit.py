@@ -179,6 +179,8 @@ def issue(kind, name, dst, srcs=(), fns=(), scalars=(), ints=(), mask=None, cons
     tr = current()
     if isinstance(mask, (bool, np.bool_)):  # a mask of plain ints evaluated at trace time
         if not mask:
+            if dst.tensor.__dict__.pop("_fresh", False):
+                dst.tensor._mask = False  # nothing computed: assigning the result writes nothing
             return
         mask = None
     ops = [dst] + list(srcs)

@@ -123,11 +123,21 @@ def shared_identity_matrix(n, dtype=np.uint8, **kwargs):
 
 # -- memory movement -------------------------------------------------------------
 def load(src, *, mask=None, dtype=None, **kwargs):
-    """HBM → a new SBUF tile of the access's shape."""
+    """HBM → a new SBUF tile of the access's shape (at least 2-D: a scalar loads as (1, 1))."""
     v = require_space(src, (HBM,), "load", "src")
-    t = new_tile(_tile_shape(v.sizes), to_dtype(dtype) or v.tdtype)
-    issue("copy", "load", _as_shape(t, v.sizes), [v], mask=mask, roles=["dst", "src"])
+    shape = _tile_shape(v.sizes)
+    t = new_tile(shape, to_dtype(dtype) or v.tdtype)
+    issue("copy", "load", t.view_all(), [_padded(v, shape)], mask=mask, roles=["dst", "src"])
     return t
+
+
+def _padded(v, shape):
+    """An access with trailing size-1 dims added to reach ``shape`` ((N,) as (N, 1), () as (1, 1))."""
+    if len(v.sizes) >= len(shape):
+        return v
+    extra = len(shape) - len(v.sizes)
+    return View(v.tensor, tuple(v.sizes) + (1,) * extra, v.consts, [tuple(c) + (0,) * extra for c in v.coeffs],
+                v.indirect)
 
 
 def store(dst, value, *, mask=None, **kwargs):
@@ -142,6 +152,10 @@ def store(dst, value, *, mask=None, **kwargs):
                         "but got a tile in 'hbm' instead.")
     if mask is None and isinstance(value, NkiTensor) and getattr(value, "_mask", None) is not None:
         mask = value._mask
+        if mask is False:
+            return
+    if len(d.sizes) < 2 <= len(v.sizes) and math.prod(d.sizes) == math.prod(v.sizes):
+        d = _padded(d, v.sizes)  # a (1, 1) tile into a scalar, (N, 1) into (N,)
     issue("copy", "store", d, [_broadcast(v, d.sizes)], mask=mask, roles=["dst", "value"])
 
 
@@ -210,9 +224,15 @@ def _into(dst, value, mask=None):
     v = as_view(value)
     if mask is None and isinstance(value, NkiTensor) and getattr(value, "_mask", None) is not None:
         mask = value._mask
+        if mask is False:
+            return
     if math.prod(v.sizes) > math.prod(d.sizes) and v.sizes != d.sizes:
         raise ValueError(f"Illegal assignment destination shape: shape {list(d.sizes)} is smaller than "
                          f"the value's shape {list(v.sizes)}")
+    if d.space == HBM and len(d.sizes) < 2 <= len(v.sizes) and math.prod(d.sizes) == math.prod(v.sizes):
+        d = _padded(d, v.sizes)
+    elif v.space == HBM and len(v.sizes) < 2 <= len(d.sizes) and math.prod(d.sizes) == math.prod(v.sizes):
+        v = _padded(v, d.sizes)
     name = "store" if d.space == HBM else ("load" if v.space == HBM else "tensor_copy")
     issue("copy", name, d, [_broadcast(v, d.sizes)], mask=mask, roles=["dst", "src"])
 
