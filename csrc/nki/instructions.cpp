@@ -121,6 +121,13 @@ void execute(const Instruction& ins, const std::vector<at::Tensor>& v, uint64_t 
       // stationary (K, M...), moving (K, N...): dst (M, N) = stationaryᵀ · moving.
       at::Tensor s = f32(v[1]).reshape({v[1].size(0), -1});
       at::Tensor m = f32(v[2]).reshape({v[2].size(0), -1});
+      if (!ins.mask && dst.scalar_type() == at::kFloat && dst.dim() == 2) {
+        if (ins.ints.at(0))
+          at::addmm_out(const_cast<at::Tensor&>(dst), dst, s.t(), m);  // PSUM accumulation in place
+        else
+          at::mm_out(const_cast<at::Tensor&>(dst), s.t(), m);
+        return;
+      }
       at::Tensor r = at::mm(s.t(), m);
       if (ins.ints.at(0)) r = r + f32(dst).reshape(r.sizes());
       write(ins, dst, r);

@@ -55,6 +55,27 @@ int Program::allocate(Space space, at::ScalarType dtype, int64_t partitions, int
   return id;
 }
 
+// A new tile's NaN fill that the next instruction overwrites whole (a load into
+// the tile made for it) is never observable: dropped, saving a pass over memory.
+void Program::drop_overwritten_fills() {
+  std::vector<Instruction> kept;
+  kept.reserve(code_.size());
+  for (size_t i = 0; i < code_.size(); ++i) {
+    const Instruction& ins = code_[i];
+    if (ins.kind == Kind::kFill && ins.ops[0].tile >= 0 && ins.name == "<allocate>" && i + 1 < code_.size()) {
+      const Access& f = ins.ops[0];
+      const Instruction& next = code_[i + 1];
+      const Access& d = next.ops[0];
+      bool whole = !next.mask && d.tile == f.tile && d.byte_offset == f.byte_offset && d.dtype == f.dtype &&
+                   d.sizes == f.sizes && d.strides == f.strides;
+      for (size_t k = 1; whole && k < next.ops.size(); ++k) whole = next.ops[k].tile != f.tile;
+      if (whole) continue;
+    }
+    kept.push_back(ins);
+  }
+  code_ = std::move(kept);
+}
+
 void Program::finalize() {
   if (finalized_) return;
   const Target& t = target();
@@ -82,6 +103,7 @@ void Program::finalize() {
   }
   sbuf_peak_ = sbuf.peak();
   psum_peak_ = psum.peak();
+  drop_overwritten_fills();
   for (Instruction& ins : code_)
     for (Access& a : ins.ops)
       if (a.tile >= 0) a.byte_offset += tiles_[a.tile].offset;

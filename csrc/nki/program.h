@@ -114,6 +114,7 @@ class Program {
   int64_t peak_bytes(Space s) const { return s == Space::kPsum ? psum_peak_ : sbuf_peak_; }
 
  private:
+  void drop_overwritten_fills();
   int64_t num_args_;
   std::vector<HbmBuffer> hbm_;
   std::vector<Instruction> code_;
