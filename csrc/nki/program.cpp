@@ -66,8 +66,9 @@ void Program::drop_overwritten_fills() {
       const Access& f = ins.ops[0];
       const Instruction& next = code_[i + 1];
       const Access& d = next.ops[0];
-      bool whole = !next.mask && d.tile == f.tile && d.byte_offset == f.byte_offset && d.dtype == f.dtype &&
-                   d.sizes == f.sizes && d.strides == f.strides;
+      const bool indirect = next.kind == Kind::kCopy && next.ints.size() >= 6;  // may skip rows
+      bool whole = !next.mask && !indirect && d.tile == f.tile && d.byte_offset == f.byte_offset &&
+                   d.dtype == f.dtype && d.sizes == f.sizes && d.strides == f.strides;
       for (size_t k = 1; whole && k < next.ops.size(); ++k) whole = next.ops[k].tile != f.tile;
       if (whole) continue;
     }

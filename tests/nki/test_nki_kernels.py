@@ -124,3 +124,71 @@ def test_numpy_inputs_written_by_the_kernel_are_updated_in_place():
     ref = a * 2
     nki.simulate_kernel(scale_inplace, a)
     assert np.array_equal(a, ref)
+
+
+def test_gen1_compiler_behaviours_public_kernels_rely_on():
+    import torch_neuronx.nki.isa as nisa
+    import torch_neuronx.nki.language as nl
+
+    @nki.jit
+    def k(a, b, idx, s):
+        out = nl.ndarray((64, 512), nl.float32, buffer=nl.shared_hbm)
+        # a scalar loads as a (1, 1) tile
+        scale = nl.load(s[0, 0])
+        # indirect rows: out[p] = a[idx[p]] (one index per partition from an SBUF tile)
+        i_p = nl.arange(64)[:, None]
+        i_f = nl.arange(512)[None, :]
+        it = nl.load(idx[i_p])
+        rows = nl.load(a[it[i_p, 0], i_f])
+        # the first psum += matmul into an uninitialised PSUM tile overwrites it;
+        # the transpose's PSUM result feeds the matmul (copied to SBUF by the compiler)
+        acc = nl.ndarray((64, 512), nl.float32, buffer=nl.psum)
+        for kk in nl.affine_range(2):
+            lhsT = nisa.nc_transpose(nl.load(b[0:64, kk * 128:(kk + 1) * 128]))
+            acc += nisa.nc_matmul(lhsT, nl.load(a[kk * 128:(kk + 1) * 128, :]))
+        total = nl.zeros((64, 512), nl.float32)
+        for kk in nl.affine_range(3):
+            total[...] = nl.loop_reduce(rows, op=np.add, loop_indices=(kk,))
+        res = nl.add(nl.add(acc, total), nl.multiply(rows, 0.0), mask=(1 < 0))  # masked off: assigns nothing
+        keep = nl.zeros((64, 512), nl.float32)
+        keep[...] = res
+        nl.store(out, value=nl.add(nl.add(acc, total), nl.multiply(keep, scale)))
+        return out
+
+    a, b = torch.randn(256, 512), torch.randn(64, 256)
+    idx = torch.randperm(256)[:64].to(torch.int32)
+    out = k(*_neuron(a, b, idx, torch.full((1, 1), 2.0))).cpu()
+    ref = b @ a + 3 * a[idx.long()]
+    torch.testing.assert_close(out, ref, atol=1e-3, rtol=1e-4)
+
+
+def test_indirect_index_out_of_bounds():
+    import torch_neuronx.nki.isa as nisa
+    import torch_neuronx.nki.language as nl
+
+    def gather(skip):
+        @nki.jit
+        def k(a, idx):
+            out = nl.ndarray((64, 512), nl.float32, buffer=nl.shared_hbm)
+            nl.store(out, value=nl.zeros((64, 512), nl.float32))
+            i_p = nl.arange(64)[:, None]
+            it = nl.load(idx[i_p])
+            t = nl.ndarray((64, 512), nl.float32)
+            nisa.dma_copy(dst=t, src=a[it[i_p, 0], nl.arange(512)[None, :]],
+                          oob_mode=nisa.oob_mode.skip if skip else nisa.oob_mode.error)
+            nl.store(out, value=t)
+            return out
+        return k
+
+    a = np.random.rand(128, 512).astype(np.float32)
+    idx = np.arange(64, dtype=np.int32) * 2
+    idx[5] = 200
+    with pytest.raises(IndexError, match="index 102400 is out of bounds for axis 0 with size 65536"):
+        nki.simulate_kernel(gather(False), a, idx)
+    out = nki.simulate_kernel(gather(True), a, idx)
+    keep = np.arange(64) != 5
+    assert np.array_equal(out[keep], a[idx[keep]]) and np.isnan(out[5]).all()
+    # on neuron the error surfaces at the next synchronization, the device stays usable
+    with pytest.raises(IndexError, match="out of bounds"):
+        gather(False)(torch.from_numpy(a).to("neuron"), torch.from_numpy(idx).to("neuron")).cpu()
+    assert (torch.ones(3, device="neuron") * 2).cpu().tolist() == [2, 2, 2]
