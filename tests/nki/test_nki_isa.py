@@ -245,3 +245,23 @@ def test_promotion_rules():
     assert promote(torch.int8, torch.uint8) == torch.int16
     a = rand(128, 64, dtype=np.float16)
     assert run(lambda x: nl.multiply(x, 1.5), a).dtype == np.float32  # Python float is fp32
+
+
+def test_copy_predicated_and_select_reduce():
+    a, b = rand(128, 256), rand(128, 256)
+    pred = (a > 0).astype(np.float32)
+
+    def k(x, y, p):
+        nisa.tensor_copy_predicated(src=x, dst=y, predicate=p)
+        return y
+    np.testing.assert_array_equal(run(k, a, b, pred), np.where(pred != 0, a, b))
+
+    def k2(x, p, f):
+        d = nl.ndarray(x.shape, nl.float32)
+        r = nl.ndarray((128, 1), nl.float32)
+        nisa.select_reduce(dst=d, predicate=p, on_true=x, on_false=f, reduce_res=r, reduce_op=nl.max,
+                           reverse_pred=True)
+        return r
+    f = rand(128, 1)
+    sel = np.where(pred == 0, a, np.broadcast_to(f, a.shape))
+    np.testing.assert_array_equal(run(k2, a, pred, f), sel.max(1, keepdims=True))

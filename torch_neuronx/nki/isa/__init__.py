@@ -381,3 +381,37 @@ def nc_find_index8(*, data, vals, mask=None, dtype=None, _dst=None, **kwargs):
     t, d = _out(v, to_dtype(dtype) or torch.uint32, dst=_dst, shape=(v.sizes[0], 8))
     issue("find_index8", "nc_find_index8", d, [v, w], same_shape=False, roles=["dst", "data", "vals"])
     return t
+
+
+def _where_into(name, d, predicate, on_true, on_false, reverse_pred, mask=None):
+    """d = predicate ? on_true : on_false (tiles or constants; the predicate is nonzero = true)."""
+    p = require_space(predicate, (SBUF, PSUM), name, "predicate")
+    a, b = (on_false, on_true) if reverse_pred else (on_true, on_false)
+    srcs, ints, scalars = [nl._broadcast(p, d.sizes)], [], []
+    for o in (a, b):
+        if is_tile(o):
+            srcs.append(nl._broadcast(o, d.sizes))  # a (P, 1) operand is broadcast along the free dims
+            ints.append(1)
+            scalars.append(0.0)
+        else:
+            ints.append(0)
+            scalars.append(float(o))
+    issue("where", name, d, srcs, ints=ints, scalars=scalars, mask=mask)
+
+
+def tensor_copy_predicated(*, src, dst, predicate, reverse_pred=False, mask=None, dtype=None, **kwargs):
+    """``dst[x] = src[x]`` where ``predicate[x]`` is true (false with ``reverse_pred``); src may be a number."""
+    d = require_space(dst, (SBUF, PSUM), "tensor_copy_predicated", "dst")
+    _where_into("tensor_copy_predicated", d, predicate, src, d, reverse_pred, mask)
+
+
+def select_reduce(*, dst, predicate, on_true, on_false, reduce_res=None, reduce_cmd=reduce_cmd.idle,
+                  reduce_op=np.amax, reverse_pred=False, mask=None, dtype=None, **kwargs):
+    """``dst = predicate ? on_true : on_false``, and optionally ``reduce_res = reduce_op(dst)`` over the free dims."""
+    d = require_space(dst, (SBUF, PSUM), "select_reduce", "dst")
+    _where_into("select_reduce", d, predicate, on_true, on_false, reverse_pred, mask)
+    if reduce_res is not None:
+        r = require_space(reduce_res, (SBUF, PSUM), "select_reduce", "reduce_res")
+        axes = list(range(1, len(d.sizes)))
+        issue("reduce", "select_reduce", r.reshape([d.sizes[0]] + [1] * len(axes)), [d], fns=[_op(reduce_op)],
+              ints=[0] + axes, same_shape=False, roles=["reduce_res", "dst"])

@@ -213,3 +213,13 @@ def max8(dst, src, name=None):
 
 def nc_find_index8(dst, data, vals, name=None):
     _g1.nc_find_index8(data=data, vals=vals, dtype=_dt(dst), _dst=dst)
+
+
+def tensor_copy_predicated(dst, src, predicate, reverse_pred=False, name=None):
+    _g1.tensor_copy_predicated(src=src, dst=dst, predicate=predicate, reverse_pred=reverse_pred)
+
+
+def select_reduce(dst, predicate, on_true, on_false, reduce_res=None, reduce_cmd=reduce_cmd.idle,
+                  reduce_op=_nl.maximum, reverse_pred=False, name=None):
+    _g1.select_reduce(dst=dst, predicate=predicate, on_true=on_true, on_false=on_false, reduce_res=reduce_res,
+                      reduce_op=reduce_op, reverse_pred=reverse_pred)
