@@ -6,6 +6,7 @@
 #include <ATen/TensorOperators.h>
 #include <c10/util/Exception.h>
 
+#include <limits>
 #include <unordered_map>
 
 #include "nki/alu.h"
@@ -98,7 +99,8 @@ void copy_indirect(const Instruction& ins, const std::vector<at::Tensor>& v) {
 
 }  // namespace
 
-void execute(const Instruction& ins, const std::vector<at::Tensor>& v, uint64_t seed) {
+void execute(const Instruction& ins, const std::vector<at::Tensor>& v, RunState& state) {
+  const uint64_t seed = state.seed;
   const at::Tensor& dst = v[0];
   switch (ins.kind) {
     case Kind::kFill:
@@ -261,6 +263,35 @@ void execute(const Instruction& ins, const std::vector<at::Tensor>& v, uint64_t 
       TORCH_CHECK(idx.numel() == 0 || (idx.min().item<int64_t>() >= 0 && idx.max().item<int64_t>() < n),
                   ins.name, ": an index is outside [0, ", n, ") of the data's free elements");
       write(ins, dst, at::gather(data, 1, idx));
+      return;
+    }
+    case Kind::kCumulative: {
+      // ops: dst, src, [imm0 AP], [imm1 AP]; ints: imm0_is_ap, imm1_is_ap, reduce_cmd
+      // (reset_reduce 3: start from op1's identity, load_reduce 4: from imm1, reduce 2: from the register).
+      at::Tensor x = f32(v[1]).reshape({v[1].size(0), -1});
+      size_t k = 2;
+      at::Tensor imm0 = ins.ints[0] ? per_partition(v[k++], x) : at::scalar_tensor(ins.scalars.at(0), at::kFloat);
+      at::Tensor t = alu(ins.fns.at(0), x, imm0);
+      const std::string& op1 = ins.fns.at(1);
+      at::Tensor acc;
+      const int64_t cmd = ins.ints.at(2);
+      if (cmd == 4) {
+        acc = ins.ints[1] ? per_partition(v[k], x).reshape({x.size(0), 1})
+                          : at::full({x.size(0), 1}, ins.scalars.at(1), x.options());
+      } else if (cmd == 2 && state.vector_acc.defined() && state.vector_acc.size(0) == x.size(0)) {
+        acc = state.vector_acc;
+      } else {
+        const double id = op1 == "add" ? 0.0 : op1 == "multiply" ? 1.0 : op1 == "maximum"
+            ? -std::numeric_limits<double>::infinity() : std::numeric_limits<double>::infinity();
+        acc = at::full({x.size(0), 1}, id, x.options());
+      }
+      at::Tensor out = at::empty_like(t);
+      for (int64_t i = 0; i < t.size(1); ++i) {
+        acc = alu(op1, acc, t.narrow(1, i, 1));
+        out.narrow(1, i, 1).copy_(acc);
+      }
+      state.vector_acc = acc;
+      write(ins, dst, out);
       return;
     }
     case Kind::kRandom: {

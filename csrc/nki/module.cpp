@@ -44,6 +44,7 @@ const std::unordered_map<std::string, Kind>& kinds() {
       {"max8", Kind::kMax8},
       {"find_index8", Kind::kFindIndex8},
       {"gather", Kind::kGather},
+      {"cumulative", Kind::kCumulative},
   };
   return k;
 }

@@ -177,7 +177,8 @@ void Program::run(const std::vector<at::Tensor>& hbm) const {
   buffers.push_back(&arena(1, t.partitions * t.psum_partition_bytes));
   for (const at::Tensor& h : hbm) buffers.push_back(&h);
   thread_local uint64_t runs = 0;
-  const uint64_t seed = 0x9E3779B97F4A7C15ull * ++runs;
+  RunState state;
+  state.seed = 0x9E3779B97F4A7C15ull * ++runs;
   std::vector<at::Tensor> views;
   std::vector<int64_t> reversed;
   for (const Instruction& ins : code_) {
@@ -196,7 +197,7 @@ void Program::run(const std::vector<at::Tensor>& hbm) const {
       }
       views.push_back(std::move(v));
     }
-    execute(ins, views, seed);
+    execute(ins, views, state);
     if (dst_ascending.defined()) dst_ascending.copy_(views[0].flip(dst_reversed));
   }
 }

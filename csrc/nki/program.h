@@ -56,7 +56,8 @@ enum class Kind : uint8_t {
   kRandom,            // dst = uniform [0, 1) from the kernel's seed (dropout/rand)
   kMax8,              // dst (P, 8) = the 8 largest values per partition, descending
   kFindIndex8,
-  kGather,            // dst[p, k] = data[p, indices[p, k]] over data's flattened free dims        // dst (P, 8) = index of the first occurrence of each of vals' 8 values in data
+  kGather,            // dst[p, k] = data[p, indices[p, k]] over data's flattened free dims
+  kCumulative,        // acc = acc op1 (src[i] op0 imm0), dst[i] = acc, along the free elements        // dst (P, 8) = index of the first occurrence of each of vals' 8 values in data
 };
 
 struct Instruction {
@@ -125,7 +126,13 @@ class Program {
 
 // Checks (checks.cpp): throw std::invalid_argument.
 void check_instruction(const Instruction& ins, const Target& t);
+// What a run keeps between instructions: the generator's seed and the Vector
+// Engine's per-partition accumulation registers (tensor_scalar_cumulative).
+struct RunState {
+  uint64_t seed = 0;
+  at::Tensor vector_acc;  // (partitions, 1) fp32, undefined until first set
+};
 // Execution of one instruction on views (instructions.cpp).
-void execute(const Instruction& ins, const std::vector<at::Tensor>& views, uint64_t seed);
+void execute(const Instruction& ins, const std::vector<at::Tensor>& views, RunState& state);
 
 }  // namespace neuronx::nki

@@ -265,3 +265,23 @@ def test_copy_predicated_and_select_reduce():
     f = rand(128, 1)
     sel = np.where(pred == 0, a, np.broadcast_to(f, a.shape))
     np.testing.assert_array_equal(run(k2, a, pred, f), sel.max(1, keepdims=True))
+
+
+def test_tensor_scalar_cumulative_register_chains_across_instructions():
+    a, v = rand(128, 96), rand(128, 1)
+
+    def k(x, imm):
+        d1 = nl.ndarray(x.shape, nl.float32)
+        nisa.tensor_scalar_cumulative(src=x, dst=d1, op0=nl.multiply, op1=nl.add, imm0=imm, imm1=1.5,
+                                      reduce_cmd=nisa.reduce_cmd.load_reduce)
+        d2 = nl.ndarray(x.shape, nl.float32)
+        nisa.tensor_scalar_cumulative(src=x, dst=d2, op0=nl.add, op1=nl.maximum, imm0=0.0,
+                                      reduce_cmd=nisa.reduce_cmd.reset_reduce)
+        d3 = nl.ndarray(x.shape, nl.float32)
+        nisa.tensor_scalar_cumulative(src=x, dst=d3, op0=nl.add, op1=nl.maximum, imm0=1.0,
+                                      reduce_cmd=nisa.reduce_cmd.reduce)  # continues from d2's register
+        return nl.add(nl.add(d1, d2), d3)
+    c1 = 1.5 + np.cumsum(a * v, axis=1)
+    c2 = np.maximum.accumulate(a, axis=1)
+    c3 = np.maximum.accumulate(np.concatenate([a, a + 1], axis=1), axis=1)[:, 96:]
+    close(run(k, a, v), c1 + c2 + c3, np.float32)

@@ -415,3 +415,23 @@ def select_reduce(*, dst, predicate, on_true, on_false, reduce_res=None, reduce_
         axes = list(range(1, len(d.sizes)))
         issue("reduce", "select_reduce", r.reshape([d.sizes[0]] + [1] * len(axes)), [d], fns=[_op(reduce_op)],
               ints=[0] + axes, same_shape=False, roles=["reduce_res", "dst"])
+
+
+def tensor_scalar_cumulative(*, src, dst, op0, op1, imm0, imm1=None, reduce_cmd=reduce_cmd.reset_reduce, mask=None,
+                             **kwargs):
+    """A running reduction along each partition's free elements on the Vector Engine's accumulator:
+    ``acc = acc op1 (src[i] op0 imm0); dst[i] = acc``. ``reduce_cmd`` starts ``acc`` at op1's identity
+    (``reset_reduce``), at ``imm1`` (``load_reduce``) or where the previous such instruction left it
+    (``reduce``). ``imm0``/``imm1`` are constants or (P, 1) tiles."""
+    v = require_space(src, (SBUF, PSUM), "tensor_scalar_cumulative", "src")
+    d = require_space(dst, (SBUF, PSUM), "tensor_scalar_cumulative", "dst")
+    srcs, roles, ints, scalars = [v], ["dst", "src"], [0, 0, int(reduce_cmd)], [0.0, 0.0]
+    for i, (imm, role) in enumerate(((imm0, "imm0"), (imm1, "imm1"))):
+        if is_tile(imm):
+            srcs.append(_pp(imm, role, "tensor_scalar_cumulative"))
+            roles.append(role)
+            ints[i] = 1
+        elif imm is not None:
+            scalars[i] = float(imm)
+    issue("cumulative", "tensor_scalar_cumulative", d, srcs, fns=[_op(op0), _op(op1)], scalars=scalars, ints=ints,
+          mask=mask, same_shape=False, roles=roles)

@@ -223,3 +223,8 @@ def select_reduce(dst, predicate, on_true, on_false, reduce_res=None, reduce_cmd
                   reduce_op=_nl.maximum, reverse_pred=False, name=None):
     _g1.select_reduce(dst=dst, predicate=predicate, on_true=on_true, on_false=on_false, reduce_res=reduce_res,
                       reduce_op=reduce_op, reverse_pred=reverse_pred)
+
+
+def tensor_scalar_cumulative(dst, src, op0, op1, imm0, imm1=None, reduce_cmd=reduce_cmd.reset_reduce, name=None):
+    _g1.tensor_scalar_cumulative(src=src, dst=dst, op0=op0, op1=op1, imm0=imm0, imm1=imm1,
+                                 reduce_cmd=_g1.reduce_cmd(reduce_cmd.value))
