@@ -285,3 +285,16 @@ def test_tensor_scalar_cumulative_register_chains_across_instructions():
     c2 = np.maximum.accumulate(a, axis=1)
     c3 = np.maximum.accumulate(np.concatenate([a, a + 1], axis=1), axis=1)[:, 96:]
     close(run(k, a, v), c1 + c2 + c3, np.float32)
+
+
+def test_precise_fp_off_keeps_low_precision_tiles_in_fp32(monkeypatch):
+    a = rand(128, 64)
+
+    def k(x):
+        t = nl.multiply(x, 3.0, dtype=nl.bfloat16)
+        assert t.dtype == nl.bfloat16  # the kernel still sees the dtype it asked for
+        return nl.multiply(t, 1.0, dtype=nl.float32)
+    rounded = run(k, a)
+    np.testing.assert_array_equal(rounded, (a * 3).astype(BF16).astype(np.float32))
+    monkeypatch.setenv("NKI_PRECISE_FP", "0")
+    np.testing.assert_allclose(run(k, a), a * 3, rtol=1e-6)

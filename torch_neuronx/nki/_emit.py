@@ -42,6 +42,7 @@ def kernel_line():
 
 
 # -- dtypes ------------------------------------------------------------------
+_LOW_PRECISION = (torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e5m2)
 _FLOAT_RANK = {torch.float8_e4m3fn: 0, torch.float8_e5m2: 0, torch.bfloat16: 1, torch.float16: 1, torch.float32: 2}
 
 
@@ -102,6 +103,9 @@ def new_tensor(shape, dtype, buffer=None, name=""):
         return tr.hbm_tensor(shape, dtype, name, shared=getattr(buffer, "name", "") == "shared_hbm")
     if len(shape) < 1:
         raise ValueError(f"an SBUF/PSUM tensor needs a partition dimension, got shape {shape}")
+    declared = dtype
+    if dtype in _LOW_PRECISION and os.environ.get("NKI_PRECISE_FP", "1") == "0":
+        dtype = torch.float32  # NKI_PRECISE_FP=0: on-chip values kept in fp32 (precision apart from algorithm bugs)
     P = shape[pa]
     blocks, free = shape[:pa], shape[pa + 1:]
     nfree = math.prod(free)
@@ -123,8 +127,11 @@ def new_tensor(shape, dtype, buffer=None, name=""):
     for i in range(pa - 1, -1, -1):
         strides[i] = s
         s *= shape[i]
-    return NkiTensor(tr, SBUF_BUFFER if space == SBUF else PSUM_BUFFER, space, shape, dtype, strides, 0, pa, name,
-                     tile=tile)
+    t = NkiTensor(tr, SBUF_BUFFER if space == SBUF else PSUM_BUFFER, space, shape, dtype, strides, 0, pa, name,
+                  tile=tile)
+    if declared != dtype:
+        t.declared = declared
+    return t
 
 
 def new_tile(shape, dtype, space=SBUF, name=""):

@@ -177,10 +177,12 @@ class NkiTensor(TileMath):
     def ndim(self):
         return len(self.shape)
 
+    declared = None  # the dtype a kernel asked for when stored wider (NKI_PRECISE_FP=0)
+
     @property
     def dtype(self):
         """The NKI dtype (NumPy's; ``nl.float32`` compares equal)."""
-        return nki_dtype(self.tdtype)
+        return nki_dtype(self.declared or self.tdtype)
 
     @property
     def buffer_space(self):

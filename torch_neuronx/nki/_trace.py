@@ -161,6 +161,8 @@ class _Launcher:
                 device = t.device
         if device is not None and any(t.device.type == "cpu" for t in tensors):
             raise ValueError("NKI kernel arguments mix CPU and neuron tensors; move them all to one device")
+        import os
+        key.append((os.environ.get("NKI_PRECISE_FP"), os.environ.get("NEURON_PLATFORM_TARGET_OVERRIDE")))
         try:
             key = tuple(key)
             hash(key)
