@@ -21,7 +21,7 @@ import torch  # noqa: E402
 
 from . import _C  # noqa: E402
 
-__all__ = ["metrics", "reset_metrics", "set_execution_mode", "get_execution_mode", "nki_op", "wrap_nki"]
+__all__ = ["metrics", "reset_metrics", "set_execution_mode", "get_execution_mode", "nki_op", "wrap_nki", "nki_jit"]
 __version__ = "0.1.0"
 
 
@@ -144,8 +144,11 @@ if _os.environ.get("TORCH_NEURONX_EXECUTION_MODE"):
 
 
 def __getattr__(name):
-    # torch_neuronx.nki_op / wrap_nki (TorchNeuron's names), loaded with the kernel language on first use
+    # torch_neuronx.nki_op / wrap_nki / nki_jit (TorchNeuron's names), loaded with the kernel language on first use
     if name in ("nki_op", "wrap_nki"):
         from .nki import torch_ops
         return getattr(torch_ops, name)
+    if name == "nki_jit":
+        from .nki import jit
+        return jit
     raise AttributeError(f"module 'torch_neuronx' has no attribute '{name}'")

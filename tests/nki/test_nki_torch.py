@@ -187,3 +187,21 @@ def test_gen2_matmul_accumulate_auto_detect_and_lnc2():
     lhsT, rhs = np.random.rand(512, 512).astype(np.float32), np.random.rand(512, 256).astype(np.float32)
     out = nki2.simulate(mm[2])(lhsT, rhs)
     np.testing.assert_allclose(out, lhsT.T @ rhs, rtol=1e-4, atol=1e-3)
+
+
+def test_torchneuron_nki_jit_name_and_gen2_broadcast():
+    import torch_neuronx.nki.v2 as nki2
+    import torch_neuronx.nki.v2.language as nl2
+
+    k = torch_neuronx.nki_jit(_fma_kernel.func)
+    a, b = torch.randn(128, 64), torch.randn(128, 64)
+    torch.testing.assert_close(k(a.to("neuron"), b.to("neuron")).cpu(), (a + b) * a)
+
+    @nki2.jit
+    def bcast(x):
+        t = nl2.load(x)
+        out = nl2.ndarray((128, 64), dtype=x.dtype, buffer=nl2.shared_hbm)
+        nl2.store(out, value=nl2.broadcast_to(t, (128, 64)))
+        return out
+    row = np.random.rand(1, 64).astype(np.float32)
+    np.testing.assert_array_equal(nki2.simulate(bcast)(row), np.broadcast_to(row, (128, 64)))

@@ -10,7 +10,7 @@ from .. import language as _g1
 from .._emit import issue, new_tensor
 from .._tensor import HBM
 from ..language import (  # noqa: F401
-    abs, add, arctan, bfloat16, bitwise_and, bitwise_or, bitwise_xor, bool_, broadcast_to, ceil, copy, cos, divide,
+    abs, add, arctan, bfloat16, bitwise_and, bitwise_or, bitwise_xor, bool_, ceil, copy, cos, divide,
     ds, empty_like, equal, erf, erf_dx, exp, expand_dims, float8_e4m3, float8_e5m2, float16, float32, floor, fmod,
     gelu, gelu_apprx_sigmoid, gelu_apprx_tanh, gelu_dx, greater, greater_equal, hbm, int8, int16, int32, invert,
     left_shift, less, less_equal, load, load_transpose2d, log, logical_and, logical_not, logical_or, logical_xor,
@@ -31,6 +31,12 @@ average = "average"
 
 def abs_min(x, y, dtype=None):
     return _g1._binary("abs_min", x, y, dtype, None)
+
+
+def broadcast_to(x, shape, dtype=None):
+    """A new SBUF tile of ``shape`` holding ``x`` broadcast (NumPy rules)."""
+    t = _g1.broadcast_to(x, shape=shape)
+    return t if dtype is None else _g1.copy(t, dtype=dtype)
 
 
 def ndarray(shape, dtype, buffer=sbuf, name="", address=None):
