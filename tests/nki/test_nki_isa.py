@@ -298,3 +298,21 @@ def test_precise_fp_off_keeps_low_precision_tiles_in_fp32(monkeypatch):
     np.testing.assert_array_equal(rounded, (a * 3).astype(BF16).astype(np.float32))
     monkeypatch.setenv("NKI_PRECISE_FP", "0")
     np.testing.assert_allclose(run(k, a), a * 3, rtol=1e-6)
+
+
+def test_range_select_and_returning_a_tile():
+    a = rand(128, 256)
+    lo, hi = np.full((128, 1), 40.0, np.float32), rand(128, 1, lo=60, hi=200)
+
+    @nki.jit
+    def k(x, b0, b1):
+        r = nl.ndarray((128, 1), nl.float32)
+        out = nisa.range_select(on_true_tile=nl.load(x), comp_op0=np.greater_equal, comp_op1=np.less,
+                                bound0=nl.load(b0), bound1=nl.load(b1), reduce_res=r, reduce_op=np.max,
+                                range_start=16, on_false_value=-1e30)
+        return out, r  # SBUF tiles come back as arrays
+    out, r = nki.simulate_kernel(k, a, lo, hi)
+    i = 16 + np.arange(256)[None, :]
+    ref = np.where((i >= lo) & (i < hi), a, -1e30)
+    np.testing.assert_array_equal(out, ref)
+    np.testing.assert_array_equal(r, ref.max(1, keepdims=True))

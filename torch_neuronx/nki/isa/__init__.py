@@ -435,3 +435,27 @@ def tensor_scalar_cumulative(*, src, dst, op0, op1, imm0, imm1=None, reduce_cmd=
             scalars[i] = float(imm)
     issue("cumulative", "tensor_scalar_cumulative", d, srcs, fns=[_op(op0), _op(op1)], scalars=scalars, ints=ints,
           mask=mask, same_shape=False, roles=roles)
+
+
+def range_select(*, on_true_tile, comp_op0, comp_op1, bound0, bound1, reduce_cmd=reduce_cmd.idle, reduce_res=None,
+                 reduce_op=np.amax, range_start=0, on_false_value=-3.4028234663852886e38, mask=None, dtype=None,
+                 _dst=None, **kwargs):
+    """``out = on_true_tile`` where ``comp_op0(i, bound0) & comp_op1(i, bound1)`` for the free index
+    ``i = range_start + position``, else ``on_false_value``; optionally ``reduce_res = reduce_op(out)``."""
+    v = require_space(on_true_tile, (SBUF, PSUM), "range_select", "on_true_tile")
+    P, F = v.sizes[0], math.prod(v.sizes[1:])
+    idx = new_tile((P, F), torch.float32)
+    issue("const", "range_select", idx.view_all(),
+          constant=(float(range_start) + torch.arange(F, dtype=torch.float32)).expand(P, F).contiguous())
+    keep = nl.logical_and(tensor_scalar(idx, comp_op0, bound0), tensor_scalar(idx, comp_op1, bound1),
+                          dtype=torch.float32)
+    t, d = _out(v, dtype, dst=_dst)
+    issue("where", "range_select", d, [nl._broadcast(keep, d.sizes) if keep.shape != tuple(d.sizes) else
+                                       as_view(keep), v], ints=[1, 0], scalars=[0.0, float(on_false_value)],
+          mask=mask)
+    if reduce_res is not None:
+        r = require_space(reduce_res, (SBUF, PSUM), "range_select", "reduce_res")
+        axes = list(range(1, len(d.sizes)))
+        issue("reduce", "range_select", r.reshape([d.sizes[0]] + [1] * len(axes)), [d], fns=[_op(reduce_op)],
+              ints=[0] + axes, same_shape=False, roles=["reduce_res", "dst"])
+    return t
