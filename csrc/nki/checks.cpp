@@ -69,6 +69,10 @@ void check_instruction(const Instruction& ins, const Target& t) {
     if (a.on_chip() && a.sizes.size() < 2)
       fail(ins, a.role + ": SBUF and PSUM tensors must have at least 2 dimensions (partition-dim and free-dim)");
   }
+  if (ins.ops.empty()) {
+    if (ins.kind != Kind::kSeed) fail(ins, "has no destination");
+    return;
+  }
   if (ins.mask && ins.mask->sizes() != at::IntArrayRef(ins.ops.at(0).sizes))
     fail(ins, "mask shape does not match the destination's shape");
   // The instruction's own limits first: they name the operand a result's shape comes from.

@@ -100,6 +100,10 @@ void copy_indirect(const Instruction& ins, const std::vector<at::Tensor>& v) {
 }  // namespace
 
 void execute(const Instruction& ins, const std::vector<at::Tensor>& v, RunState& state) {
+  if (ins.kind == Kind::kSeed) {  // nl.random_seed: later random instructions repeat for a seed
+    state.seed = 0x9E3779B97F4A7C15ull ^ static_cast<uint64_t>(ins.ints.at(0));
+    return;
+  }
   const uint64_t seed = state.seed;
   const at::Tensor& dst = v[0];
   switch (ins.kind) {

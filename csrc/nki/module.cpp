@@ -45,6 +45,7 @@ const std::unordered_map<std::string, Kind>& kinds() {
       {"find_index8", Kind::kFindIndex8},
       {"gather", Kind::kGather},
       {"cumulative", Kind::kCumulative},
+      {"seed", Kind::kSeed},
   };
   return k;
 }

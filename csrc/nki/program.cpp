@@ -65,6 +65,10 @@ void Program::drop_overwritten_fills() {
     if (ins.kind == Kind::kFill && ins.ops[0].tile >= 0 && ins.name == "<allocate>" && i + 1 < code_.size()) {
       const Access& f = ins.ops[0];
       const Instruction& next = code_[i + 1];
+      if (next.ops.empty()) {
+        kept.push_back(ins);
+        continue;
+      }
       const Access& d = next.ops[0];
       const bool indirect = next.kind == Kind::kCopy && next.ints.size() >= 6;  // may skip rows
       bool whole = !next.mask && !indirect && d.tile == f.tile && d.byte_offset == f.byte_offset &&

@@ -57,7 +57,8 @@ enum class Kind : uint8_t {
   kMax8,              // dst (P, 8) = the 8 largest values per partition, descending
   kFindIndex8,
   kGather,            // dst[p, k] = data[p, indices[p, k]] over data's flattened free dims
-  kCumulative,        // acc = acc op1 (src[i] op0 imm0), dst[i] = acc, along the free elements        // dst (P, 8) = index of the first occurrence of each of vals' 8 values in data
+  kCumulative,        // acc = acc op1 (src[i] op0 imm0), dst[i] = acc, along the free elements
+  kSeed,              // the generator's seed from here on (no operands; ints[0])        // dst (P, 8) = index of the first occurrence of each of vals' 8 values in data
 };
 
 struct Instruction {

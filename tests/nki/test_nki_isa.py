@@ -316,3 +316,18 @@ def test_range_select_and_returning_a_tile():
     ref = np.where((i >= lo) & (i < hi), a, -1e30)
     np.testing.assert_array_equal(out, ref)
     np.testing.assert_array_equal(r, ref.max(1, keepdims=True))
+
+
+def test_random_seed_makes_random_instructions_repeat():
+    a = np.ones((128, 512), np.float32)
+
+    def seeded(seed):
+        def k(x):
+            if seed is not None:
+                nl.random_seed(seed)
+            return nisa.dropout(x, 0.5)
+        return k
+    s1, s1b, s2 = run(seeded(7), a), run(seeded(7), a), run(seeded(8), a)
+    assert np.array_equal(s1, s1b) and not np.array_equal(s1, s2)
+    unseeded = unary_kernel(seeded(None))
+    assert not np.array_equal(nki.simulate_kernel(unseeded, a), nki.simulate_kernel(unseeded, a))

@@ -170,7 +170,6 @@ def _check_bounds(view, mask_t):
                 break
         else:
             return
-    t = view.tensor
     raise IndexError(msg)
 
 

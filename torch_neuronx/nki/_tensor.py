@@ -34,9 +34,6 @@ class MemorySpace:
         """Manual allocation (``ncc.sbuf.mod_alloc``): placed by our allocator, with its capacity checks."""
         return self
 
-    def view(self, dtype, shape):  # Gen-2 buffer.view(dtype, shape) is not used by the core
-        raise NotImplementedError("buffer views are not supported; allocate with nl.ndarray")
-
 
 class par_dim:
     """Marks the partition dimension of an on-chip shape: ``(4, nl.par_dim(128), 512)``."""

@@ -34,7 +34,6 @@ class Trace:
         self._shared_seen = 0
         self._names = 0
         self.counts = collections.Counter()
-        self.active = True
         t = _nki.target()
         self._pbytes = {SBUF: t["sbuf_partition_bytes"], PSUM: t["psum_partition_bytes"]}
         self.psum_bank_bytes = t["psum_bank_bytes"]
@@ -221,7 +220,6 @@ class _Launcher:
                 if result is None:
                     result = _to_hbm(r, tr)
         finally:
-            tr.active = False
             _emit.set_current(prev)
         tr.program.finalize()  # places the tiles: MemoryError when they do not fit
         spec = _result_spec(result, tr)
@@ -260,9 +258,8 @@ class _Launcher:
 
 
 def _is_fake(t):
-    return t.device.type == "meta" or type(t).__name__ == "FakeTensor" or \
-        torch._C._dispatch_tls_is_dispatch_key_included(torch._C.DispatchKey.Python) and \
-        getattr(t, "fake_mode", None) is not None
+    from torch._subclasses.fake_tensor import is_fake
+    return t.device.type == "meta" or is_fake(t)
 
 
 def _hashable(a):

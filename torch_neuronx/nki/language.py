@@ -567,8 +567,11 @@ def rand(shape, dtype=torch.float32, **kwargs):
 
 
 def random_seed(seed, *, mask=None, **kwargs):
-    """Seeds the core's generator (the simulated generator is seeded per launch; this keeps the call valid)."""
-    return None
+    """Seeds the core's generator: random instructions after it give the same values for the same
+    seed (without it, each launch draws new values)."""
+    if is_tile(seed):
+        raise TypeError("nl.random_seed takes an integer seed here (a seed tile is not supported)")
+    current().program.emit("seed", "random_seed", [], [], [], [int(seed) & 0xFFFFFFFF], None, None, "")
 
 
 def device_print(prefix, x, *, mask=None, **kwargs):
