@@ -46,7 +46,20 @@ class CMakeBuild(build_ext):
         built = build_dir / "python" / f"_C{suffix}"
         dest = Path(self.get_ext_fullpath(ext.name))
         dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(built, dest)
+        _replace(built, dest)
+
+    def copy_file(self, infile, outfile, *args, **kwargs):
+        # `--inplace` copies the library into the source tree through here.
+        _replace(Path(infile), Path(outfile))
+        return str(outfile), 1
+
+
+def _replace(src, dest):
+    # Copy then rename: a process that has the old library loaded keeps its
+    # mapping (writing over it in place would crash that process).
+    tmp = dest.with_name(dest.name + ".tmp")
+    shutil.copy2(src, tmp)
+    os.replace(tmp, dest)
 
 
 setup(ext_modules=[CMakeExtension("torch_neuronx._C")], cmdclass={"build_ext": CMakeBuild})
