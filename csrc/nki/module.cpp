@@ -84,6 +84,11 @@ void bind(py::module& parent) {
               const std::string& what) {
              return p.allocate(static_cast<Space>(space), dtype_of(dtype), partitions, blocks, free_elems, what);
            })
+      .def("allocate_at",
+           [](Program& p, int space, py::handle dtype, int64_t partitions, int64_t free_elems,
+              const std::vector<std::pair<int64_t, int64_t>>& blocks, const std::string& what) {
+             return p.allocate_at(static_cast<Space>(space), dtype_of(dtype), partitions, free_elems, blocks, what);
+           })
       .def("finalize", [](Program& p) {
         try {
           p.finalize();
@@ -114,6 +119,9 @@ void bind(py::module& parent) {
            py::arg("kind"), py::arg("name"), py::arg("ops"), py::arg("fns") = std::vector<std::string>{},
            py::arg("scalars") = std::vector<double>{}, py::arg("ints") = std::vector<int64_t>{},
            py::arg("mask") = std::nullopt, py::arg("constant") = std::nullopt, py::arg("where") = "")
+      .def("retarget_last", [](Program& p, int tile, py::handle dst, bool accumulate) {
+        return p.retarget_last(tile, access_of(dst), accumulate);
+      })
       .def("check",
            [](Program& p, const std::string& kind, const std::string& name, const py::list& ops,
               std::vector<int64_t> ints) {

@@ -55,6 +55,51 @@ int Program::allocate(Space space, at::ScalarType dtype, int64_t partitions, int
   return id;
 }
 
+int Program::allocate_at(Space space, at::ScalarType dtype, int64_t partitions, int64_t free_elems,
+                         const std::vector<std::pair<int64_t, int64_t>>& blocks, const std::string& what) {
+  TORCH_CHECK(!finalized_, "NKI program: allocation after the kernel was placed");
+  const Target& t = target();
+  const int64_t item = static_cast<int64_t>(c10::elementSize(dtype));
+  const int64_t bytes = free_elems * item;
+  const int64_t partition_bytes = space == Space::kPsum ? t.psum_partition_bytes : t.sbuf_partition_bytes;
+  Tile tile{space, bytes, static_cast<int64_t>(code_.size()), static_cast<int64_t>(code_.size()), what, 0};
+  tile.pinned = true;
+  const int id = static_cast<int>(tiles_.size());
+  for (size_t b = 0; b < blocks.size(); ++b) {
+    const auto [part, addr] = blocks[b];
+    const std::string at = std::string(space_name(space)) + " tensor " + what +
+                           (blocks.size() > 1 ? " block " + std::to_string(b) : std::string()) + " placed at partition " +
+                           std::to_string(part) + ", byte " + std::to_string(addr);
+    if (part < 0 || part + partitions > t.partitions)
+      throw std::invalid_argument(at + ": partitions [" + std::to_string(part) + ", " +
+                                  std::to_string(part + partitions) + ") exceed the " +
+                                  std::to_string(t.partitions) + " partitions");
+    if (addr < 0 || addr + bytes > partition_bytes)
+      throw std::invalid_argument(at + ": bytes [" + std::to_string(addr) + ", " + std::to_string(addr + bytes) +
+                                  ") exceed the " + std::to_string(partition_bytes) + " bytes of a partition");
+    if (space == Space::kPsum && addr / t.psum_bank_bytes != (addr + bytes - 1) / t.psum_bank_bytes)
+      throw std::invalid_argument(at + ": " + std::to_string(bytes) + " bytes cross a " +
+                                  std::to_string(t.psum_bank_bytes) + "-byte PSUM bank boundary");
+    if (addr % item)
+      throw std::invalid_argument(at + ": the address is not a multiple of the " + std::to_string(item) +
+                                  "-byte element");
+    tile.reserved.emplace_back(addr, addr + bytes);
+    Instruction fill{Kind::kFill, "<allocate>"};
+    Access& d = fill.ops.emplace_back();
+    d.buffer = space == Space::kPsum ? kPsumBuffer : kSbufBuffer;
+    d.tile = id;
+    d.dtype = dtype;
+    d.byte_offset = part * partition_bytes + addr;
+    d.sizes = {partitions, free_elems};
+    d.strides = {partition_bytes / item, 1};
+    d.role = what;
+    fill.scalars = {c10::isFloatingType(dtype) ? std::numeric_limits<double>::quiet_NaN() : 4.0};
+    code_.push_back(std::move(fill));
+  }
+  tiles_.push_back(std::move(tile));
+  return id;
+}
+
 // A new tile's NaN fill that the next instruction overwrites whole (a load into
 // the tile made for it) is never observable: dropped, saving a pass over memory.
 void Program::drop_overwritten_fills() {
@@ -89,10 +134,15 @@ void Program::finalize() {
       if (a.tile >= 0) tiles_[a.tile].last = std::max(tiles_[a.tile].last, &ins - code_.data());
   TileAllocator sbuf(Space::kSbuf, t.sbuf_partition_bytes, 64), psum(Space::kPsum, t.psum_partition_bytes,
                                                                       t.psum_bank_bytes);
+  // Manually placed tiles keep their memory for the whole kernel; automatic
+  // placement goes around them.
+  for (const Tile& tile : tiles_)
+    for (const auto& [start, end] : tile.reserved) (tile.space == Space::kPsum ? psum : sbuf).reserve(start, end);
   // Tiles in allocation order (first is non-decreasing); release those whose last use is past.
   std::vector<int> live;
   for (size_t i = 0; i < tiles_.size(); ++i) {
     Tile& tile = tiles_[i];
+    if (tile.pinned || tile.dropped) continue;
     for (auto it = live.begin(); it != live.end();) {
       Tile& o = tiles_[*it];
       if (o.last < tile.first) {
@@ -113,6 +163,30 @@ void Program::finalize() {
     for (Access& a : ins.ops)
       if (a.tile >= 0) a.byte_offset += tiles_[a.tile].offset;
   finalized_ = true;
+}
+
+bool Program::retarget_last(int tile, const Access& dst, bool accumulate) {
+  TORCH_CHECK(!finalized_, "NKI program: instruction after the kernel was placed");
+  if (tile < 0 || tile >= static_cast<int>(tiles_.size()) || code_.empty()) return false;
+  Tile& t = tiles_[tile];
+  Instruction& last = code_.back();
+  if (last.ops.empty() || last.ops[0].tile != tile || t.pinned) return false;
+  if (accumulate && (last.kind != Kind::kMatmul || last.ints.empty())) return false;
+  // The tile's own fills, then the instruction writing it, and nothing else.
+  for (int64_t i = t.first; i + 1 < static_cast<int64_t>(code_.size()); ++i)
+    if (code_[i].name != "<allocate>" || code_[i].ops[0].tile != tile) return false;
+  for (size_t k = 1; k < last.ops.size(); ++k)
+    if (last.ops[k].tile == tile) return false;
+  Instruction ins = last;
+  const std::string role = ins.ops[0].role;
+  ins.ops[0] = dst;
+  ins.ops[0].role = role;
+  if (accumulate) ins.ints[0] = 1;
+  check_instruction(ins, target());
+  code_.back() = std::move(ins);
+  code_.erase(code_.begin() + t.first, code_.end() - 1);
+  t.dropped = true;
+  return true;
 }
 
 int Program::add_hbm(at::ScalarType dtype, std::vector<int64_t> sizes) {

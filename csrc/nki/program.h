@@ -87,6 +87,12 @@ struct Tile {
   int64_t first = 0, last = 0;    // instruction indices of allocation and last use
   std::string what;               // name, shape, dtype and kernel line, for messages
   int64_t offset = -1;            // placed byte offset within each partition
+  // Manually placed (ncc.*.mod_alloc, nl.ndarray(address=)): accesses carry
+  // absolute arena offsets (offset stays 0); `reserved` are the [start, end)
+  // byte ranges within a partition that automatic placement must avoid.
+  bool pinned = false;
+  bool dropped = false;           // its only write was redirected (retarget_last): never placed
+  std::vector<std::pair<int64_t, int64_t>> reserved;
 };
 
 class Program {
@@ -97,6 +103,12 @@ class Program {
   // NaN/sentinel fill recorded); the tile id for accesses. Each PSUM block must fit a bank.
   int allocate(Space space, at::ScalarType dtype, int64_t partitions, int64_t blocks, int64_t free_elems,
                const std::string& what);
+  // A manually placed tile: block b at partition blocks[b].first, byte address
+  // blocks[b].second within the partition (PSUM: bank * bank bytes + offset).
+  // Blocks may share an address (modulo allocation reuses memory, as on
+  // hardware). Returns the tile id; accesses to it use absolute arena offsets.
+  int allocate_at(Space space, at::ScalarType dtype, int64_t partitions, int64_t free_elems,
+                  const std::vector<std::pair<int64_t, int64_t>>& blocks, const std::string& what);
   // Places the tiles (first fit in order of allocation, freeing those past their last
   // use), throwing std::length_error when one does not fit; then the program can run.
   void finalize();
@@ -105,6 +117,15 @@ class Program {
   // Checks the instruction against the target's limits (throws
   // std::invalid_argument with the instruction, operand and limit), then appends it.
   void emit(Instruction ins);
+
+  // `x[...] = op(...)`: the last instruction wrote a new tile that nothing
+  // else uses; it writes `dst` instead and the tile (with its fill) is dropped,
+  // as the NKI compiler writes an expression's result straight into the tensor
+  // it is assigned to (a manually placed kernel has no room for the temporary).
+  // With `accumulate` the last instruction must be a matmul, which then adds
+  // into dst (`psum += nc_matmul(...)`). False (nothing changed) when the last
+  // instruction is not that tile's only use.
+  bool retarget_last(int tile, const Access& dst, bool accumulate);
 
   // Runs the instructions over hbm (the arguments, then kernel-allocated
   // tensors, as add_hbm numbered them), all CPU tensors.

@@ -50,4 +50,23 @@ void TileAllocator::free(int64_t offset) {
   live_.erase(it);
 }
 
+void TileAllocator::reserve(int64_t start, int64_t end) {
+  start = start / granule_ * granule_;
+  end = (end + granule_ - 1) / granule_ * granule_;
+  // Merge with the reserved ranges it overlaps (reservations come before any allocation).
+  for (auto it = live_.begin(); it != live_.end();) {
+    if (it->first < end && it->first + it->second > start) {
+      start = std::min(start, it->first);
+      end = std::max(end, it->first + it->second);
+      used_ -= it->second;
+      it = live_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  live_.emplace(start, end - start);
+  used_ += end - start;
+  peak_ = std::max(peak_, used_);
+}
+
 }  // namespace neuronx::nki

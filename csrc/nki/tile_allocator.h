@@ -20,6 +20,9 @@ class TileAllocator {
   // for and the bytes free when it does not fit.
   int64_t allocate(int64_t bytes, const std::string& what);
   void free(int64_t offset);
+  // Takes [start, end) (rounded out to the granule) for the whole program:
+  // manually placed tiles, which automatic placement must not overlap.
+  void reserve(int64_t start, int64_t end);
   int64_t used() const { return used_; }
   int64_t peak() const { return peak_; }
   int64_t capacity() const { return capacity_; }

@@ -41,6 +41,45 @@ def kernel_line():
     return f"{f.f_code.co_filename}:{f.f_lineno}" if f is not None else "?"
 
 
+class SymbolicRange:
+    """``affine_range``/``sequential_range``: NKI traces such a loop's body once, with a symbolic
+    index, so Python in the body (an address computed as ``cur_addr += ...``) runs once; here the
+    body runs per iteration, and a manual allocation made at the same place in a later
+    iteration gets the address of the first (see ``new_tensor``)."""
+
+    def __init__(self, r):
+        self.range = r
+
+    def __len__(self):
+        return len(self.range)
+
+    def __getitem__(self, i):
+        return self.range[i]
+
+    def __iter__(self):
+        tr = getattr(_local, "trace", None)
+        if tr is None:
+            yield from self.range
+            return
+        if tr.loop_depth == 0:  # a new outermost loop: its body's allocations are placed afresh
+            tr.manual_sites = {}
+        tr.loop_depth += 1
+        try:
+            yield from self.range
+        finally:
+            tr.loop_depth -= 1
+
+
+def _call_sites():
+    """(file, line) of the kernel frames calling into this package, innermost first."""
+    f, out = sys._getframe(1), []
+    while f is not None and len(out) < 16:
+        if not f.f_code.co_filename.startswith(_PKG_DIR + os.sep):
+            out.append((f.f_code.co_filename, f.f_lineno))
+        f = f.f_back
+    return tuple(out)
+
+
 # -- dtypes ------------------------------------------------------------------
 _LOW_PRECISION = (torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e5m2)
 _FLOAT_RANK = {torch.float8_e4m3fn: 0, torch.float8_e5m2: 0, torch.bfloat16: 1, torch.float16: 1, torch.float32: 2}
@@ -109,10 +148,19 @@ def new_tensor(shape, dtype, buffer=None, name=""):
     P = shape[pa]
     blocks, free = shape[:pa], shape[pa + 1:]
     nfree = math.prod(free)
-    where = kernel_line()
+    what = f"'{name}' {list(shape)} {_dname(dtype)} (at {kernel_line()})"
+    manual = hasattr(buffer, "locations")
     try:
-        tile = tr.program.allocate(space, dtype, P, math.prod(blocks), nfree,
-                                   f"'{name}' {list(shape)} {_dname(dtype)} (at {where})")
+        if manual:
+            site = (_call_sites(), space, tuple(shape), dtype) if tr.loop_depth else None
+            locs = tr.manual_sites.get(site) if site else None
+            if locs is None:
+                locs = buffer.locations(blocks, P, nfree * itemsize(dtype), tr.psum_bank_bytes)
+                if site:
+                    tr.manual_sites[site] = locs
+            tile = tr.program.allocate_at(space, dtype, P, nfree, locs, what)
+        else:
+            tile = tr.program.allocate(space, dtype, P, math.prod(blocks), nfree, what)
     except ValueError as e:
         raise ValueError(str(e)) from None
     pstride = tr.partition_bytes(space) // itemsize(dtype)
@@ -127,11 +175,35 @@ def new_tensor(shape, dtype, buffer=None, name=""):
     for i in range(pa - 1, -1, -1):
         strides[i] = s
         s *= shape[i]
-    t = NkiTensor(tr, SBUF_BUFFER if space == SBUF else PSUM_BUFFER, space, shape, dtype, strides, 0, pa, name,
-                  tile=tile)
+    byte_offset, block_locs = 0, None
+    if manual:
+        byte_offset, block_strides, block_locs = _manual_layout(blocks, locs, tr.partition_bytes(space),
+                                                                itemsize(dtype))
+        strides[:pa] = block_strides
+    t = NkiTensor(tr, SBUF_BUFFER if space == SBUF else PSUM_BUFFER, space, shape, dtype, strides, byte_offset, pa,
+                  name, tile=tile)
+    t.block_locs = block_locs
     if declared != dtype:
         t.declared = declared
     return t
+
+
+def _manual_layout(blocks, locs, partition_bytes, item):
+    """A manually placed tensor's byte offset and block strides when its blocks are evenly spaced
+    (then accesses across blocks are plain strided ones), else a table of each block's offset."""
+    absolute = [p * partition_bytes + a for p, a in locs]
+    base = absolute[0]
+    steps, mul = [0] * len(blocks), 1
+    for i in range(len(blocks) - 1, -1, -1):  # row-major position of the unit step of dim i
+        if blocks[i] > 1:
+            steps[i] = absolute[mul] - base
+        mul *= blocks[i]
+    affine = all(d % item == 0 for d in steps) and all(
+        absolute[n] == base + sum(k * d for k, d in zip(idx, steps))
+        for n, idx in enumerate(np.ndindex(*blocks)))
+    if affine:
+        return base, [d // item for d in steps], None
+    return 0, [0] * len(blocks), dict(zip((tuple(i) for i in np.ndindex(*blocks)), absolute))
 
 
 def new_tile(shape, dtype, space=SBUF, name=""):
@@ -183,16 +255,16 @@ def issue(kind, name, dst, srcs=(), fns=(), scalars=(), ints=(), mask=None, cons
     the mask keeps along the dims it shares with that space; what remains of a
     non-rectangular mask guards dst's writes elementwise."""
     tr = current()
+    fresh = dst.tensor.__dict__.pop("_fresh", False)
     if isinstance(mask, (bool, np.bool_)):  # a mask of plain ints evaluated at trace time
         if not mask:
-            if dst.tensor.__dict__.pop("_fresh", False):
+            if fresh:
                 dst.tensor._mask = False  # nothing computed: assigning the result writes nothing
             return
         mask = None
     ops = [dst] + list(srcs)
-    if dst.tensor.__dict__.pop("_fresh", False) and mask is not None:
+    if fresh and mask is not None:
         # a new tile made under a mask: assigning it elsewhere copies only what was computed
-        # (the compiler writes such a result straight into its destination)
         dst.tensor._mask = mask
     space_i = 0 if same_shape or not srcs else 1
     space = ops[space_i]
@@ -243,6 +315,44 @@ def issue(kind, name, dst, srcs=(), fns=(), scalars=(), ints=(), mask=None, cons
     tr.program.emit(kind, name, accesses, list(fns), [float(s) for s in scalars], [int(i) for i in ints],
                     mask_t.contiguous() if mask_t is not None else None, constant, "")
     tr.count(name)
+    w = ops[0]
+    if fresh and w.tensor is dst.tensor and w.indirect is None:
+        # the instruction making a result tile, which assigning may redirect (retarget); no
+        # reference to the tile here: retarget tells a result nothing holds by its refcount
+        dst.tensor._producer = (tr.program.num_instructions, tuple(w.consts), tuple(w.sizes), tuple(w.coeffs))
+
+
+def retarget(d, value, accumulate=False):
+    """``d[...] = value`` (or ``d += value`` with ``accumulate``) where ``value`` is the result of the
+    last instruction and nothing else holds it: that instruction writes ``d`` instead (no
+    temporary, no copy; a matmul accumulates into ``d``), as the NKI compiler does. False when it
+    cannot (another instruction came since, shapes or dtypes differ)."""
+    tr = current()
+    t = value if isinstance(value, NkiTensor) else value.tensor
+    prod = t.__dict__.get("_producer")
+    if (prod is None or prod[0] != tr.program.num_instructions or d.indirect is not None
+            or t.tdtype != d.tdtype or t.space != d.space or tuple(value.shape) != tuple(d.sizes)):
+        return False
+    _, consts, sizes, coeffs = prod  # what the instruction wrote: the tile, or the box its mask kept
+    if isinstance(value, View):
+        # the result as the instruction shaped it, held by nothing but this view
+        if (sys.getrefcount(t) > 3 or value.indirect is not None
+                or (tuple(value.consts), tuple(value.sizes), tuple(value.coeffs)) != (consts, sizes, coeffs)):
+            return False
+    else:
+        n = len(sizes)
+        if len(consts) != n or any(tuple(c) != tuple(int(i == k) for i in range(n)) for k, c in enumerate(coeffs)):
+            return False
+        for k, (c, size) in enumerate(zip(consts, sizes)):
+            if (c, size) != (0, d.sizes[k]):
+                d = d.narrow(k, c, size)
+    _check_bounds(d, None)
+    if not tr.program.retarget_last(t.tile, d.access("dst"), accumulate):
+        return False
+    if d.space == PSUM:
+        mark_written(d)
+    t._producer = None
+    return True
 
 
 def _region(v):

@@ -9,6 +9,7 @@ element strides) when an instruction uses it.
 from __future__ import annotations
 
 import math
+import sys
 
 import numpy as np
 import torch
@@ -30,9 +31,63 @@ class MemorySpace:
     def __repr__(self):
         return f"nl.{self.name}"
 
-    def mod_alloc(self, *args, **kwargs):
-        """Manual allocation (``ncc.sbuf.mod_alloc``): placed by our allocator, with its capacity checks."""
+    def mod_alloc(self, base_addr=0, *, base_bank=0, base_partition=0, num_bank_tiles=(), num_par_tiles=(),
+                  num_free_tiles=()):
+        """Manual modulo allocation (``ncc.sbuf.mod_alloc`` / ``ncc.psum.mod_alloc``): block ``idx`` of the
+        tensor goes to partition ``base_partition + lin(idx % num_par_tiles) * P`` and byte
+        ``base_addr + lin(idx % num_free_tiles) * tile_bytes`` (PSUM: in bank
+        ``base_bank + lin(idx % num_bank_tiles)``); blocks that map to the same place share memory."""
+        if self.space not in (SBUF, PSUM):
+            raise ValueError(f"mod_alloc places SBUF or PSUM tensors, not {self.name}")
+
+        def place(idx, pdim_size, fdim_size):
+            part = _modulo(base_partition, num_par_tiles, pdim_size, idx)
+            addr = _modulo(base_addr, num_free_tiles, fdim_size, idx)
+            if self.space == PSUM:
+                return (_modulo(base_bank, num_bank_tiles, 1, idx), part, addr)
+            return (part, addr)
+        return self.alloc(place)
+
+    def alloc(self, func):
+        """Manual allocation by a function ``func(block_idx, pdim_size, fdim_size)`` returning
+        ``(partition, byte address)`` (SBUF) or ``(bank, partition, byte address)`` (PSUM)."""
+        return ManualPlacement(self, func)
+
+    def auto_alloc(self):
         return self
+
+
+def _modulo(base, tiles, scale, idx):
+    """``base + linearize(idx % tiles) * scale``; no ``tiles`` means every block at ``base``."""
+    tiles = tuple(tiles) or (1,) * len(idx)
+    off, mul = 0, 1
+    for i, n in reversed(list(zip(idx, tiles))):
+        off += (int(i) % int(n)) * mul
+        mul *= int(n)
+    return int(base) + off * int(scale)
+
+
+class ManualPlacement:
+    """A buffer with addresses chosen by the kernel (Gen-1 ``mod_alloc``/``alloc``, Gen-2
+    ``nl.ndarray(address=)``): the tensor is placed there, not by the allocator."""
+
+    def __init__(self, space, func):
+        self.space, self.name, self.func = space.space, space.name, func
+
+    def locations(self, blocks, partitions, block_bytes, bank_bytes):
+        """(partition, byte within a partition) of each block, in row-major block order."""
+        out = []
+        for idx in np.ndindex(*blocks) if blocks else [()]:
+            loc = tuple(int(v) for v in self.func(idx=tuple(int(i) for i in idx), pdim_size=partitions,
+                                                    fdim_size=block_bytes))
+            if self.space == PSUM:
+                if len(loc) != 3:
+                    raise ValueError(f"a PSUM allocation function returns (bank, partition, address), got {loc}")
+                loc = (loc[1], loc[0] * bank_bytes + loc[2])
+            elif len(loc) != 2:
+                raise ValueError(f"an SBUF allocation function returns (partition, address), got {loc}")
+            out.append(loc)
+        return out
 
 
 class par_dim:
@@ -128,11 +183,14 @@ class TileMath:
     def __invert__(self): return self._lang().invert(self)
     def __matmul__(self, o): return self._lang().matmul(self, o)
 
-    def _inplace(self, op, o):
-        self._lang()._update(self.view_all(), op, o)
+    def _inplace(self, op, o, sole=False):
+        self._lang()._update(self.view_all(), op, o, sole=sole)
         return self
 
-    def __iadd__(self, o): return self._inplace("add", o)
+    def __iadd__(self, o):
+        sole = sys.getrefcount(o) <= 3  # the statement's, this frame's, getrefcount's: nothing else holds o
+        return self._inplace("add", o, sole)
+
     def __isub__(self, o): return self._inplace("subtract", o)
     def __imul__(self, o): return self._inplace("multiply", o)
     def __itruediv__(self, o): return self._inplace("divide", o)
@@ -175,6 +233,7 @@ class NkiTensor(TileMath):
         return len(self.shape)
 
     declared = None  # the dtype a kernel asked for when stored wider (NKI_PRECISE_FP=0)
+    block_locs = None  # manual placement with unevenly spaced blocks: block index -> arena byte offset
 
     @property
     def dtype(self):
@@ -193,7 +252,8 @@ class NkiTensor(TileMath):
         return self.view_all()[key]
 
     def __setitem__(self, key, value):
-        self._lang()._into(self.view_all()[key], value)
+        sole = sys.getrefcount(value) <= 3  # the statement's, this frame's, getrefcount's: nothing else holds it
+        self._lang()._into(self.view_all()[key], value, sole=sole)
 
     def reshape(self, shape):
         """The same memory in another shape (a contiguous tensor; on-chip the partition dim stays)."""
@@ -325,7 +385,8 @@ class View(TileMath):
         return View(self.tensor, sizes, consts, coeffs, indirect)
 
     def __setitem__(self, key, value):
-        self._lang()._into(self[key], value)
+        sole = sys.getrefcount(value) <= 3  # as NkiTensor.__setitem__
+        self._lang()._into(self[key], value, sole=sole)
 
     def reshape(self, shape):
         """A reshape of a contiguous range (row-major), as NKI's tensor reshape."""
@@ -397,7 +458,10 @@ class View(TileMath):
         for d, k in enumerate(key):
             if kinds[d] == "partition" and _is_int(k):
                 key[d] = slice(int(k), int(k) + 1)
-        kept = sum(1 for d, k in enumerate(key) if kinds[d] != "block" and not _is_int(k))
+        # index expressions give the dims of their broadcast shape; slices one each
+        exprs = [k.shape for k in key if isinstance(k, IndexExpr)]
+        kept = (len(_index.broadcast_shapes(*exprs)) if exprs else 0) + sum(
+            1 for d, k in enumerate(key) if kinds[d] != "block" and isinstance(k, slice))
         for d in range(len(key) - 1, -1, -1):
             if kept >= 2:
                 break
@@ -506,7 +570,34 @@ class View(TileMath):
         item = itemsize(t.tdtype)
         off = t.byte_offset + item * sum(self.consts[k] * t.strides[k] for k in range(len(t.shape)))
         strides = [sum(self.coeffs[k][d] * t.strides[k] for k in range(len(t.shape))) for d in range(len(self.sizes))]
+        if t.block_locs is not None:
+            off += self._block_offsets(strides, item)
         return (t.buffer, t.tdtype, off, list(self.sizes), strides, role, t.tile)
+
+    def _block_offsets(self, strides, item):
+        """The arena offset of the first block this access touches; adds the byte step between
+        blocks to ``strides`` of the dims that walk blocks (which must be evenly spaced)."""
+        t = self.tensor
+        nb = t.partition_axis
+        block = lambda i: tuple(self.consts[k] + sum(c * v for c, v in zip(self.coeffs[k], i))  # noqa: E731
+                                for k in range(nb))
+        zero = [0] * len(self.sizes)
+        base = t.block_locs[block(zero)]
+        walk = [d for d in range(len(self.sizes)) if self.sizes[d] > 1 and any(self.coeffs[k][d] for k in range(nb))]
+        steps = {}
+        for d in walk:
+            unit = list(zero)
+            unit[d] = 1
+            steps[d] = t.block_locs[block(unit)] - base
+        spaced = all(v % item == 0 for v in steps.values()) and all(
+            t.block_locs[block(i)] == base + sum(i[d] * steps[d] for d in walk)
+            for i in np.ndindex(*[self.sizes[d] if d in steps else 1 for d in range(len(self.sizes))]))
+        if not spaced:
+            raise ValueError(f"an access across blocks of {t.name or 'a tensor'} whose manual placement puts them at "
+                             f"unevenly spaced addresses: index one block at a time")
+        for d in walk:
+            strides[d] += steps[d] // item
+        return base
 
     def __repr__(self):
         return f"View({self.tensor!r}, sizes={self.sizes})"

@@ -34,6 +34,8 @@ class Trace:
         self._shared_seen = 0
         self._names = 0
         self.counts = collections.Counter()
+        self.loop_depth = 0     # affine/sequential loops being run (SymbolicRange)
+        self.manual_sites = {}  # manual placements made in the current outermost loop, by call site
         t = _nki.target()
         self._pbytes = {SBUF: t["sbuf_partition_bytes"], PSUM: t["psum_partition_bytes"]}
         self.psum_bank_bytes = t["psum_bank_bytes"]

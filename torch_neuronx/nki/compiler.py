@@ -1,8 +1,8 @@
 """``nki.compiler`` (``ncc``) of the Gen-1 API: memory placement hints.
 
-Manual placement (``mod_alloc``) is accepted and placed by the simulator's own
-allocator, which checks the same SBUF/PSUM capacity; the scheduling hints are
-no-ops here (instructions run in program order)."""
+Manual placement (``mod_alloc``, ``alloc``) puts tensors at the addresses the
+kernel gives (blocks mapped to one address share memory, as on hardware); the
+scheduling hints are no-ops here (instructions run in program order)."""
 from __future__ import annotations
 
 import contextlib
@@ -11,19 +11,21 @@ from . import language as _nl
 
 
 class _Space:
+    """``ncc.sbuf`` / ``ncc.psum``: the language's memory space with its placement methods."""
+
     def __init__(self, buffer):
         self._buffer = buffer
         self.space = buffer.space
         self.name = buffer.name
 
     def mod_alloc(self, *args, **kwargs):
-        return self._buffer
+        return self._buffer.mod_alloc(*args, **kwargs)
 
     def auto_alloc(self):
         return self._buffer
 
     def alloc(self, func):
-        return self._buffer
+        return self._buffer.alloc(func)
 
 
 sbuf = _Space(_nl.sbuf)

@@ -115,10 +115,8 @@ def shared_constant(constant, dtype=None, **kwargs):
 
 
 def shared_identity_matrix(n, dtype=np.uint8, **kwargs):
-    dt = to_dtype(dtype)
-    t = new_tile((n, n), dt)
-    issue("const", "shared_identity_matrix", t.view_all(), constant=torch.eye(n, dtype=dt))
-    return t
+    """An n×n identity matrix in shared HBM (kernels ``nl.load`` it)."""
+    return shared_constant(np.eye(n), dtype=dtype)
 
 
 # -- memory movement -------------------------------------------------------------
@@ -210,10 +208,17 @@ def loop_reduce(x, op, loop_indices, *, dtype=None, mask=None, **kwargs):
     return _LoopReduced(x, _op_name(op), dtype, mask)
 
 
-def _into(dst, value, mask=None):
-    """``dst[...] = value``: a copy (or fill) into an existing tensor's access."""
+def _into(dst, value, mask=None, sole=False):
+    """``dst[...] = value``: a copy (or fill) into an existing tensor's access; when ``value`` is
+    an instruction's result that nothing else references (``sole``), that instruction writes
+    ``dst`` directly."""
     d = as_view(dst)
     if value is d:
+        return
+    if isinstance(value, View) and (value.tensor, value.sizes, value.consts, value.coeffs, value.indirect) == (
+            d.tensor, d.sizes, d.consts, d.coeffs, d.indirect):
+        return  # x[i] += y assigns x[i] to itself
+    if sole and mask is None and isinstance(value, NkiTensor) and _emit.retarget(d, value):
         return
     if isinstance(value, _LoopReduced):
         _update(d, value.op, value.x, mask=value.mask if mask is None else mask)
@@ -237,9 +242,18 @@ def _into(dst, value, mask=None):
     issue("copy", name, d, [_broadcast(v, d.sizes)], mask=mask, roles=["dst", "src"])
 
 
-def _update(dst, op, value, mask=None):
-    """``dst op= value`` in place; ``psum += nc_matmul(...)`` is the Tensor Engine's accumulation."""
+def _update(dst, op, value, mask=None, sole=False):
+    """``dst op= value`` in place; ``psum += nc_matmul(...)`` is the Tensor Engine's accumulation
+    (the matmul adds into ``dst`` itself when its result is held by nothing else: ``sole``)."""
     d = as_view(dst)
+    vt = value if isinstance(value, NkiTensor) else getattr(value, "tensor", None)
+    if mask is None and vt is not None and getattr(vt, "_mask", None) is not None:
+        mask = vt._mask  # a result made under a mask: only what was computed is added
+        if mask is False:
+            return
+    if (sole and op == "add" and d.space == PSUM and is_tile(value) and as_view(value).space == PSUM
+            and _emit.retarget(d, value, accumulate=_emit.was_written(d))):
+        return
     if not is_tile(value):
         issue("tensor_scalar", "tensor_scalar", d, [d], fns=[op, "", ""], scalars=[float(value), 0.0],
               ints=[0, 0, 0, 0, 0], roles=["dst", "data"], mask=mask)
@@ -256,15 +270,18 @@ def _update(dst, op, value, mask=None):
 
 # -- loops and SPMD ---------------------------------------------------------------
 def affine_range(*args, **kwargs):
-    """A loop whose iterations are independent (unrolled when traced)."""
-    return range(*[int(a) for a in args])
+    """A loop whose iterations are independent (run per iteration when traced; NKI traces the
+    body once, which matters to manual allocation: see ``_emit.SymbolicRange``)."""
+    return _emit.SymbolicRange(range(*[int(a) for a in args]))
 
 
 def sequential_range(*args, **kwargs):
-    return range(*[int(a) for a in args])
+    """A loop whose iterations depend on each other (traced like ``affine_range``)."""
+    return _emit.SymbolicRange(range(*[int(a) for a in args]))
 
 
 def static_range(*args, **kwargs):
+    """A loop unrolled by the tracer: its body's Python runs per iteration, as in NKI."""
     return range(*[int(a) for a in args])
 
 
@@ -580,4 +597,8 @@ def device_print(prefix, x, *, mask=None, **kwargs):
 
 
 def static_cast(value, dtype):
-    return np.asarray(value).astype(np.float32 if to_dtype(dtype).is_floating_point else np.int64)
+    """Host-side cast of a scalar or array to an NKI dtype (``nl.bfloat16`` gives an ml_dtypes
+    bfloat16 array); on a tile inside a kernel, a copy converting to ``dtype``."""
+    if is_tile(value):
+        return copy(value, dtype=dtype)
+    return np.asarray(value).astype(nki_dtype(to_dtype(dtype)))

@@ -8,7 +8,7 @@ import numpy as np
 
 from .. import language as _g1
 from .._emit import issue, new_tensor
-from .._tensor import HBM
+from .._tensor import HBM, PSUM as _PSUM, SBUF as _SBUF, as_view as _as_view
 from ..language import (  # noqa: F401
     abs, add, arctan, bfloat16, bitwise_and, bitwise_or, bitwise_xor, bool_, ceil, copy, cos, divide,
     ds, empty_like, equal, erf, erf_dx, exp, expand_dims, float8_e4m3, float8_e5m2, float16, float32, floor, fmod,
@@ -18,7 +18,7 @@ from ..language import (  # noqa: F401
     prod, program_id, program_ndim, psum, rand, random_seed, reciprocal, relu, right_shift, rsqrt, sbuf, shared_hbm,
     sigmoid, sign, silu, silu_dx, sin, softmax, softplus, sqrt, square, store, subtract, sum, tan, tanh, tfloat32,
     tile_size, transpose, trunc, uint8, uint16, uint32, where, abs_max, all, var, rms_norm, dropout, device_print,
-    shared_constant, shared_identity_matrix)
+    shared_constant)
 from ..language import nki_dtype as _nki_dtype
 
 import torch as _torch
@@ -40,9 +40,33 @@ def broadcast_to(x, shape, dtype=None):
 
 
 def ndarray(shape, dtype, buffer=sbuf, name="", address=None):
-    """A new tensor (on-chip memory is uninitialised: NaN / 4 here). ``address`` placement is
-    taken by the simulator's own allocator, which checks the same capacity."""
+    """A new tensor (on-chip memory is uninitialised: NaN / 4 here). ``address=(partition, byte)``
+    places an SBUF/PSUM tensor there (PSUM: ``byte = bank * 2048 + offset``) instead of letting
+    the allocator choose; tensors placed at the same address share memory, as on hardware."""
+    if address is not None:
+        if getattr(buffer, "space", None) not in (_SBUF, _PSUM):
+            raise ValueError(f"address= places SBUF or PSUM tensors, not {buffer!r}")
+        part, byte = (int(a) for a in address)
+        bank = 0
+        if buffer.space == _PSUM:
+            bank, byte = divmod(byte, _bank_bytes())
+        space = buffer.space
+        buffer = buffer.alloc(lambda idx, pdim_size, fdim_size: (part, byte) if space == _SBUF else (bank, part, byte))
     return new_tensor(shape, dtype, buffer, name)
+
+
+def _bank_bytes():
+    from .._emit import current
+    return current().psum_bank_bytes
+
+
+def shared_identity_matrix(n, dtype=uint8, dst=None):
+    """An n×n identity matrix in SBUF (Gen-2; Gen-1's lives in shared HBM)."""
+    if dst is None:
+        dst = ndarray((n, n), dtype, buffer=sbuf)
+    d = _as_view(dst)
+    issue("const", "shared_identity_matrix", d, constant=_torch.eye(n, dtype=d.tdtype))
+    return dst
 
 
 def zeros(shape, dtype, buffer=sbuf, name=""):
@@ -62,10 +86,15 @@ def zeros_like(x, dtype=None, buffer=None, name=""):
 
 
 def affine_range(start, stop=None, step=1):
+    """A loop traced once by NKI (run per iteration here; see ``_g1.affine_range``)."""
+    return _g1.affine_range(start, stop, step) if stop is not None else _g1.affine_range(start)
+
+
+sequential_range = affine_range
+
+
+def static_range(start, stop=None, step=1):
     return range(start, stop, step) if stop is not None else range(start)
-
-
-sequential_range = static_range = affine_range
 
 
 def is_hbm(buffer):
