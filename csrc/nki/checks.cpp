@@ -175,6 +175,63 @@ void check_kind(const Instruction& ins, const Target& t) {
         fail(ins, src.role + " must have 8 to 16384 elements per partition, got " + std::to_string(free_size(src)));
       return;
     }
+    case Kind::kMatchReplace8: {
+      const Access &dst = ins.ops.at(0), &data = ins.ops.at(1), &vals = ins.ops.at(2);
+      require_on_chip(ins, data);
+      same_elements(ins, dst, data);
+      same_partitions(ins, vals, data);
+      if (free_size(vals) != 8) fail(ins, vals.role + " must hold 8 values per partition, got " + std::to_string(free_size(vals)));
+      if (ins.ops.size() > 3) {
+        same_partitions(ins, ins.ops[3], data);
+        if (free_size(ins.ops[3]) != 8)
+          fail(ins, ins.ops[3].role + " must hold 8 indices per partition, got " + std::to_string(free_size(ins.ops[3])));
+      }
+      if (free_size(data) < 8 || free_size(data) > 16384)
+        fail(ins, data.role + " must have 8 to 16384 elements per partition, got " + std::to_string(free_size(data)));
+      return;
+    }
+    case Kind::kShuffle: {
+      const Access &dst = ins.ops.at(0), &src = ins.ops.at(1);
+      require_on_chip(ins, src);
+      require_on_chip(ins, dst);
+      if (free_size(dst) != free_size(src))
+        fail(ins, "dst and src must have the same number of elements per partition, got " +
+                      std::to_string(free_size(dst)) + " and " + std::to_string(free_size(src)));
+      if (ins.ints.size() != 32) fail(ins, "shuffle_mask must have 32 entries, got " + std::to_string(ins.ints.size()));
+      for (int64_t m : ins.ints)
+        if ((m < 0 || m >= 32) && m != 255)
+          fail(ins, "shuffle_mask entries are source partitions in [0, 32) of the quadrant or 255 (skip), got " +
+                        std::to_string(m));
+      return;
+    }
+    case Kind::kSequenceBounds: {
+      const Access &dst = ins.ops.at(0), &src = ins.ops.at(1);
+      require_on_chip(ins, src);
+      same_partitions(ins, dst, src);
+      if (free_size(dst) != 2 * free_size(src))
+        fail(ins, "dst must hold 2 bounds per segment id (shape (P, 2, " + std::to_string(free_size(src)) + "))");
+      return;
+    }
+    case Kind::kLocalGather: {
+      const Access &dst = ins.ops.at(0), &src = ins.ops.at(1), &index = ins.ops.at(2);
+      require_space(ins, src, Space::kSbuf);
+      require_space(ins, index, Space::kSbuf);
+      same_partitions(ins, src, index);
+      same_partitions(ins, dst, src);
+      if (src.sizes[0] % 16) fail(ins, src.role + " partition dimension " + std::to_string(src.sizes[0]) + " must be a multiple of 16");
+      const int64_t ne = ins.ints.at(0), nv = ins.ints.at(1);
+      if (ne != 1 && ne != 2 && ne != 4 && ne != 8 && ne != 16 && ne != 32)
+        fail(ins, "num_elem_per_idx must be one of 1, 2, 4, 8, 16, 32, got " + std::to_string(ne));
+      const int64_t per_core = 16 * free_size(index);
+      if (nv < 0 || nv > per_core)
+        fail(ins, "num_valid_indices " + std::to_string(nv) + " exceeds the " + std::to_string(per_core) +
+                      " indices of a core's 16 index partitions");
+      check_max(ins, index, "indices per core", nv, 4096);
+      if (free_size(dst) != nv * ne)
+        fail(ins, "dst must hold num_valid_indices * num_elem_per_idx = " + std::to_string(nv * ne) +
+                      " elements per partition, got " + std::to_string(free_size(dst)));
+      return;
+    }
     case Kind::kCopy: {
       const Access &dst = ins.ops.at(0), &src = ins.ops.at(1);
       if (dst.numel() != src.numel())

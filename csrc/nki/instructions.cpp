@@ -10,30 +10,12 @@
 #include <unordered_map>
 
 #include "nki/alu.h"
+#include "nki/exec_util.h"
 #include "nki/program.h"
 
 namespace neuronx::nki {
 
 namespace {
-
-at::Tensor f32(const at::Tensor& t) { return t.scalar_type() == at::kFloat ? t : t.to(at::kFloat); }
-
-// Writes result into dst (rounding to dst's dtype); a mask keeps dst where false.
-void write(const Instruction& ins, const at::Tensor& dst, const at::Tensor& result) {
-  at::Tensor r = result.sizes() == dst.sizes() ? result : result.reshape(dst.sizes());
-  if (ins.mask) {
-    dst.copy_(at::where(*ins.mask, r.to(dst.scalar_type()), dst));
-  } else {
-    dst.copy_(r);
-  }
-}
-
-// A (P, 1)-style per-partition operand shaped to broadcast over t's free dims.
-at::Tensor per_partition(const at::Tensor& s, const at::Tensor& t) {
-  std::vector<int64_t> shape(t.dim(), 1);
-  shape[0] = s.size(0);
-  return f32(s).reshape(shape);
-}
 
 // Free axes of an on-chip view: all but the partition dim.
 std::vector<int64_t> free_dims(const at::Tensor& t) {
@@ -104,6 +86,7 @@ void execute(const Instruction& ins, const std::vector<at::Tensor>& v, RunState&
     state.seed = 0x9E3779B97F4A7C15ull ^ static_cast<uint64_t>(ins.ints.at(0));
     return;
   }
+  if (execute_gpsimd(ins, v)) return;
   const uint64_t seed = state.seed;
   const at::Tensor& dst = v[0];
   switch (ins.kind) {
@@ -247,26 +230,6 @@ void execute(const Instruction& ins, const std::vector<at::Tensor>& v, RunState&
         out.select(last, i).copy_(acc);
       }
       write(ins, dst, out);
-      return;
-    }
-    case Kind::kMax8:
-      write(ins, dst, std::get<0>(at::topk(f32(v[1]).reshape({v[1].size(0), -1}), 8, 1, true, true)));
-      return;
-    case Kind::kFindIndex8: {
-      at::Tensor data = f32(v[1]).reshape({v[1].size(0), 1, -1});
-      at::Tensor vals = f32(v[2]).reshape({v[2].size(0), -1, 1});
-      at::Tensor eq = at::eq(data, vals);  // (P, 8, F)
-      at::Tensor idx = at::argmax(eq.to(at::kByte), 2);  // first true (0 if none)
-      write(ins, dst, at::where(eq.any(2), idx, at::full_like(idx, -1)).to(at::kFloat));
-      return;
-    }
-    case Kind::kGather: {
-      at::Tensor data = v[1].reshape({v[1].size(0), -1});
-      at::Tensor idx = v[2].reshape({v[2].size(0), -1}).to(at::kLong);
-      const int64_t n = data.size(1);
-      TORCH_CHECK(idx.numel() == 0 || (idx.min().item<int64_t>() >= 0 && idx.max().item<int64_t>() < n),
-                  ins.name, ": an index is outside [0, ", n, ") of the data's free elements");
-      write(ins, dst, at::gather(data, 1, idx));
       return;
     }
     case Kind::kCumulative: {

@@ -46,6 +46,10 @@ const std::unordered_map<std::string, Kind>& kinds() {
       {"gather", Kind::kGather},
       {"cumulative", Kind::kCumulative},
       {"seed", Kind::kSeed},
+      {"match_replace8", Kind::kMatchReplace8},
+      {"shuffle", Kind::kShuffle},
+      {"sequence_bounds", Kind::kSequenceBounds},
+      {"local_gather", Kind::kLocalGather},
   };
   return k;
 }
@@ -61,6 +65,12 @@ Access access_of(const py::handle& h) {
   a.strides = t[4].cast<std::vector<int64_t>>();
   a.role = t[5].cast<std::string>();
   a.tile = t.size() > 6 ? t[6].cast<int>() : -1;
+  if (t.size() > 7)  // run-time offsets: (source, stride, lo, hi, what)
+    for (const auto& d : t[7].cast<py::list>()) {
+      auto dt = d.cast<py::tuple>();
+      a.dynamic.push_back({dt[0].cast<int>(), dt[1].cast<int64_t>(), dt[2].cast<int64_t>(), dt[3].cast<int64_t>(),
+                           dt[4].cast<std::string>()});
+    }
   return a;
 }
 
@@ -103,7 +113,8 @@ void bind(py::module& parent) {
       .def("emit",
            [](Program& p, const std::string& kind, const std::string& name, const py::list& ops,
               std::vector<std::string> fns, std::vector<double> scalars, std::vector<int64_t> ints,
-              std::optional<at::Tensor> mask, std::optional<at::Tensor> constant, const std::string& where) {
+              std::optional<at::Tensor> mask, std::optional<at::Tensor> constant, const std::string& where,
+              const py::list& dyn_srcs) {
              auto k = kinds().find(kind);
              if (k == kinds().end()) throw py::value_error("unknown NKI instruction kind " + kind);
              Instruction ins{k->second, name};
@@ -114,11 +125,13 @@ void bind(py::module& parent) {
              ins.mask = std::move(mask);
              ins.constant = std::move(constant);
              ins.where = where;
+             for (const auto& o : dyn_srcs) ins.dyn_srcs.push_back(access_of(o));
              p.emit(std::move(ins));
            },
            py::arg("kind"), py::arg("name"), py::arg("ops"), py::arg("fns") = std::vector<std::string>{},
            py::arg("scalars") = std::vector<double>{}, py::arg("ints") = std::vector<int64_t>{},
-           py::arg("mask") = std::nullopt, py::arg("constant") = std::nullopt, py::arg("where") = "")
+           py::arg("mask") = std::nullopt, py::arg("constant") = std::nullopt, py::arg("where") = "",
+           py::arg("dyn_srcs") = py::list())
       .def("retarget_last", [](Program& p, int tile, py::handle dst, bool accumulate) {
         return p.retarget_last(tile, access_of(dst), accumulate);
       })

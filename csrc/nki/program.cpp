@@ -116,9 +116,10 @@ void Program::drop_overwritten_fills() {
       }
       const Access& d = next.ops[0];
       const bool indirect = next.kind == Kind::kCopy && next.ints.size() >= 6;  // may skip rows
-      bool whole = !next.mask && !indirect && d.tile == f.tile && d.byte_offset == f.byte_offset &&
+      bool whole = !next.mask && !indirect && d.dynamic.empty() && d.tile == f.tile && d.byte_offset == f.byte_offset &&
                    d.dtype == f.dtype && d.sizes == f.sizes && d.strides == f.strides;
       for (size_t k = 1; whole && k < next.ops.size(); ++k) whole = next.ops[k].tile != f.tile;
+      for (const Access& s : next.dyn_srcs) whole = whole && s.tile != f.tile;
       if (whole) continue;
     }
     kept.push_back(ins);
@@ -130,8 +131,9 @@ void Program::finalize() {
   if (finalized_) return;
   const Target& t = target();
   for (const Instruction& ins : code_)
-    for (const Access& a : ins.ops)
-      if (a.tile >= 0) tiles_[a.tile].last = std::max(tiles_[a.tile].last, &ins - code_.data());
+    for (const auto* list : {&ins.ops, &ins.dyn_srcs})
+      for (const Access& a : *list)
+        if (a.tile >= 0) tiles_[a.tile].last = std::max(tiles_[a.tile].last, &ins - code_.data());
   TileAllocator sbuf(Space::kSbuf, t.sbuf_partition_bytes, 64), psum(Space::kPsum, t.psum_partition_bytes,
                                                                       t.psum_bank_bytes);
   // Manually placed tiles keep their memory for the whole kernel; automatic
@@ -160,8 +162,9 @@ void Program::finalize() {
   psum_peak_ = psum.peak();
   drop_overwritten_fills();
   for (Instruction& ins : code_)
-    for (Access& a : ins.ops)
-      if (a.tile >= 0) a.byte_offset += tiles_[a.tile].offset;
+    for (auto* list : {&ins.ops, &ins.dyn_srcs})
+      for (Access& a : *list)
+        if (a.tile >= 0) a.byte_offset += tiles_[a.tile].offset;
   finalized_ = true;
 }
 
@@ -197,9 +200,14 @@ int Program::add_hbm(at::ScalarType dtype, std::vector<int64_t> sizes) {
 void Program::emit(Instruction ins) {
   TORCH_CHECK(!finalized_, "NKI program: instruction after the kernel was placed");
   check_instruction(ins, target());
-  for (const Access& a : ins.ops)
-    TORCH_CHECK(a.tile < static_cast<int>(tiles_.size()) && (a.tile >= 0) == a.on_chip(),
-                ins.name, ": ", a.role, " refers to no allocated tile");
+  for (const auto* list : {&ins.ops, &ins.dyn_srcs})
+    for (const Access& a : *list) {
+      TORCH_CHECK(a.tile < static_cast<int>(tiles_.size()) && (a.tile >= 0) == a.on_chip(),
+                  ins.name, ": ", a.role, " refers to no allocated tile");
+      for (const DynamicOffset& d : a.dynamic)
+        TORCH_CHECK(d.source >= 0 && d.source < static_cast<int>(ins.dyn_srcs.size()), ins.name, ": ", a.role,
+                    " has a run-time offset without its source");
+    }
   code_.push_back(std::move(ins));
 }
 
@@ -234,6 +242,23 @@ at::Tensor view_of(const Access& a, const at::Tensor& buffer, const std::string&
   return at::from_blob(base, a.sizes, strides, at::TensorOptions().dtype(a.dtype));
 }
 
+// An access with its run-time offsets applied: each value is read from its
+// (1, 1) tile now, and must keep the access inside its tensor.
+Access at_run_time(const Instruction& ins, const Access& a, const std::vector<const at::Tensor*>& buffers) {
+  Access r = a;
+  r.dynamic.clear();
+  std::vector<int64_t> reversed;
+  for (const DynamicOffset& d : a.dynamic) {
+    const Access& src = ins.dyn_srcs.at(d.source);
+    const int64_t value = static_cast<int64_t>(view_of(src, *buffers.at(src.buffer), ins.name, reversed)
+                                                   .reshape({-1})[0].item<double>());
+    TORCH_CHECK_INDEX(value >= d.lo && value <= d.hi, ins.name, ": ", a.role, " run-time index ", value,
+                      " reaches outside ", d.what, " (it must be in [", d.lo, ", ", d.hi, "])");
+    r.byte_offset += value * d.stride * static_cast<int64_t>(c10::elementSize(a.dtype));
+  }
+  return r;
+}
+
 // The arenas of the thread running programs (a queue's engine, or the host
 // for NumPy runs), kept between runs.
 at::Tensor& arena(int which, int64_t bytes) {
@@ -265,7 +290,8 @@ void Program::run(const std::vector<at::Tensor>& hbm) const {
     std::vector<int64_t> dst_reversed;
     for (size_t i = 0; i < ins.ops.size(); ++i) {
       const Access& a = ins.ops[i];
-      at::Tensor v = view_of(a, *buffers.at(a.buffer), ins.name, reversed);
+      at::Tensor v = a.dynamic.empty() ? view_of(a, *buffers.at(a.buffer), ins.name, reversed)
+                                       : view_of(at_run_time(ins, a, buffers), *buffers.at(a.buffer), ins.name, reversed);
       if (!reversed.empty()) {
         if (i == 0) {  // the destination: computed in a copy, written back reversed
           dst_ascending = v;

@@ -20,6 +20,15 @@ namespace neuronx::nki {
 // kernel's arguments first, then tensors the kernel allocated in HBM).
 constexpr int kSbufBuffer = 0, kPsumBuffer = 1, kFirstHbmBuffer = 2;
 
+// A run-time offset (an index read from a (1, 1) SBUF tile when the
+// instruction runs): the access starts `value * stride` elements further on.
+struct DynamicOffset {
+  int source = 0;            // Instruction::dyn_srcs index of the tile holding the value
+  int64_t stride = 0;        // elements per unit of the value
+  int64_t lo = 0, hi = 0;    // values that keep the access inside its tensor
+  std::string what;          // "dimension 1 of src_tensor_sbuf (size 512)", for the error
+};
+
 struct Access {
   int buffer = 0;
   int tile = -1;                    // on-chip: the tile (its address is placed at finalize())
@@ -28,6 +37,7 @@ struct Access {
   std::vector<int64_t> sizes;       // partition dim first for on-chip accesses
   std::vector<int64_t> strides;     // in elements of dtype
   std::string role;                 // operand name in messages ("data1", "stationary")
+  std::vector<DynamicOffset> dynamic;
 
   Space space() const {
     return buffer == kSbufBuffer ? Space::kSbuf : buffer == kPsumBuffer ? Space::kPsum : Space::kHbm;
@@ -55,10 +65,14 @@ enum class Kind : uint8_t {
   kScan,              // tensor_tensor_scan: dst[i] = (dst[i-1] op0 a[i]) op1 b[i]
   kRandom,            // dst = uniform [0, 1) from the kernel's seed (dropout/rand)
   kMax8,              // dst (P, 8) = the 8 largest values per partition, descending
-  kFindIndex8,
+  kFindIndex8,        // dst (P, 8) = index of the first occurrence of each of vals' 8 values in data
   kGather,            // dst[p, k] = data[p, indices[p, k]] over data's flattened free dims
   kCumulative,        // acc = acc op1 (src[i] op0 imm0), dst[i] = acc, along the free elements
-  kSeed,              // the generator's seed from here on (no operands; ints[0])        // dst (P, 8) = index of the first occurrence of each of vals' 8 values in data
+  kSeed,              // the generator's seed from here on (no operands; ints[0])
+  kMatchReplace8,     // dst = data with the first match of each of vals' 8 values replaced [, their indices]
+  kShuffle,           // dst partition q*32+i = src partition q*32+mask[i] (nc_stream_shuffle)
+  kSequenceBounds,    // dst (P, 2, n) = start and end of each element's segment
+  kLocalGather,       // dst = each 16-partition core's gather at its flattened indices
 };
 
 struct Instruction {
@@ -71,6 +85,7 @@ struct Instruction {
   std::optional<at::Tensor> mask;        // bool, dst's sizes: only where true is written
   std::optional<at::Tensor> constant;    // kConst's values
   std::string where;                     // kernel file:line
+  std::vector<Access> dyn_srcs;          // tiles holding run-time offsets (Access::dynamic)
 };
 
 struct HbmBuffer {

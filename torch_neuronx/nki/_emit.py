@@ -302,7 +302,8 @@ def issue(kind, name, dst, srcs=(), fns=(), scalars=(), ints=(), mask=None, cons
         mark_written(ops[0])
     if any(0 in v.sizes for v in ops):
         return
-    accesses = [v.access(r) for v, r in zip(ops, roles)]
+    dyn_srcs = []
+    accesses = [v.access(r, dyn_srcs) for v, r in zip(ops, roles)]
     ints = list(ints)
     for i, v in enumerate(ops):
         if v.indirect is None:
@@ -313,13 +314,33 @@ def issue(kind, name, dst, srcs=(), fns=(), scalars=(), ints=(), mask=None, cons
         accesses.append(idx.access(roles[i] + "_index"))
         ints = [i, len(accesses) - 1, v.tensor.strides[k], v.tensor.shape[k], int(oob_skip), int(accumulate)]
     tr.program.emit(kind, name, accesses, list(fns), [float(s) for s in scalars], [int(i) for i in ints],
-                    mask_t.contiguous() if mask_t is not None else None, constant, "")
+                    mask_t.contiguous() if mask_t is not None else None, constant, "", dyn_srcs)
     tr.count(name)
     w = ops[0]
     if fresh and w.tensor is dst.tensor and w.indirect is None:
         # the instruction making a result tile, which assigning may redirect (retarget); no
         # reference to the tile here: retarget tells a result nothing holds by its refcount
         dst.tensor._producer = (tr.program.num_instructions, tuple(w.consts), tuple(w.sizes), tuple(w.coeffs))
+
+
+def transpose_masked(src, dst, mask):
+    """A transpose's operands narrowed to the box ``mask`` keeps of the source (the destination's
+    box is its transpose); the mask must keep a rectangle."""
+    if mask is None or isinstance(mask, (bool, np.bool_)):
+        return src, dst, mask
+    if not isinstance(mask, Mask):
+        raise TypeError("mask= takes comparisons of nl.arange/nl.mgrid/loop indices, e.g. mask=(i_p < n)")
+    m = mask.evaluate(src.sizes)
+    if not bool(m.any()):
+        return src, dst, False
+    box = []
+    for d in range(2):
+        nz = torch.nonzero(m.any(dim=1 - d)).flatten()
+        box.append((int(nz[0]), int(nz[-1]) + 1))
+    if not bool(m[box[0][0]:box[0][1], box[1][0]:box[1][1]].all()):
+        raise ValueError("transpose masks must keep a rectangular region (comparisons of one index each)")
+    (a, b), (c, e) = box
+    return src.narrow(0, a, b - a).narrow(1, c, e - c), dst.narrow(0, c, e - c).narrow(1, a, b - a), None
 
 
 def retarget(d, value, accumulate=False):
@@ -330,7 +351,7 @@ def retarget(d, value, accumulate=False):
     tr = current()
     t = value if isinstance(value, NkiTensor) else value.tensor
     prod = t.__dict__.get("_producer")
-    if (prod is None or prod[0] != tr.program.num_instructions or d.indirect is not None
+    if (prod is None or prod[0] != tr.program.num_instructions or d.indirect is not None or d.dynamic
             or t.tdtype != d.tdtype or t.space != d.space or tuple(value.shape) != tuple(d.sizes)):
         return False
     _, consts, sizes, coeffs = prod  # what the instruction wrote: the tile, or the box its mask kept
@@ -356,7 +377,7 @@ def retarget(d, value, accumulate=False):
 
 
 def _region(v):
-    a = v.access("")
+    a = v.access("", [])
     return (a[2], tuple(a[3]), tuple(a[4]))
 
 
@@ -378,7 +399,7 @@ def precheck(kind, name, dst_shape, dst_space, srcs, roles, ints=()):
     tr = current()
     buf = PSUM_BUFFER if dst_space == PSUM else SBUF_BUFFER
     dst = (buf, torch.float32, 0, list(dst_shape), [1] * len(dst_shape), "dst", -1)
-    tr.program.check(kind, name, [dst] + [v.access(r) for v, r in zip(srcs, roles)], [int(i) for i in ints])
+    tr.program.check(kind, name, [dst] + [v.access(r, [])[:7] for v, r in zip(srcs, roles)], [int(i) for i in ints])
 
 
 def require_space(x, allowed, op, param):

@@ -156,7 +156,9 @@ class Mask:
         raise ValueError("NKI masks are conjunctions of affine comparisons: '|' is not supported")
 
     def __bool__(self):
-        raise TypeError("an NKI mask has no truth value at trace time; pass it as mask=")
+        # True, as NKI's mask objects are: public kernels write `mask=(a < n and b < m)`, which
+        # Python evaluates to the second comparison alone, and results depend on it
+        return True
 
     def evaluate(self, shape):
         ops = {"lt": torch.lt, "le": torch.le, "gt": torch.gt, "ge": torch.ge, "eq": torch.eq, "ne": torch.ne}

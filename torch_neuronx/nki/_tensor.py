@@ -162,8 +162,12 @@ class TileMath:
         from . import language
         return language
 
-    def __add__(self, o): return self._lang().add(self, o)
-    def __radd__(self, o): return self._lang().add(o, self)
+    def __add__(self, o):
+        return DynIndex(self, o) if isinstance(o, IndexExpr) else self._lang().add(self, o)
+
+    def __radd__(self, o):
+        return DynIndex(self, o) if isinstance(o, IndexExpr) else self._lang().add(o, self)
+
     def __sub__(self, o): return self._lang().subtract(self, o)
     def __rsub__(self, o): return self._lang().subtract(o, self)
     def __mul__(self, o): return self._lang().multiply(self, o)
@@ -215,6 +219,23 @@ class TileMath:
     @property
     def itemsize(self):
         return itemsize(self.tdtype)
+
+
+class DynIndex:
+    """An index read when the instruction runs, from a (1, 1) SBUF tile (``t[i_p, off[0, j] + i_f]``),
+    plus a static part: an int, an index expression or a slice."""
+
+    __slots__ = ("value", "base")
+
+    def __init__(self, value, base=0):
+        self.value, self.base = value, base
+
+    def __add__(self, o):
+        if isinstance(o, (int, np.integer, IndexExpr)) and not isinstance(self.base, slice):
+            return DynIndex(self.value, self.base + o)
+        return NotImplemented
+
+    __radd__ = __add__
 
 
 class NkiTensor(TileMath):
@@ -279,7 +300,7 @@ class NkiTensor(TileMath):
 
     def __getattr__(self, name):
         # Gen-2 view methods (ap, slice, select, permute, ...) of the whole tensor
-        if name in ("ap", "slice", "select", "permute", "broadcast", "expand_dim", "squeeze_dim"):
+        if name in ("ap", "slice", "select", "vector_select", "permute", "broadcast", "expand_dim", "squeeze_dim"):
             return getattr(self.view_all(), name)
         raise AttributeError(f"'NkiTensor' object has no attribute '{name}'")
 
@@ -290,13 +311,15 @@ class NkiTensor(TileMath):
 class View(TileMath):
     """An access pattern: ``sizes`` mapped affinely onto ``tensor``'s dimensions."""
 
-    __slots__ = ("tensor", "sizes", "consts", "coeffs", "indirect")
+    __slots__ = ("tensor", "sizes", "consts", "coeffs", "indirect", "dynamic")
 
-    def __init__(self, tensor, sizes, consts, coeffs, indirect=None):
+    def __init__(self, tensor, sizes, consts, coeffs, indirect=None, dynamic=()):
         self.tensor, self.sizes = tensor, tuple(int(s) for s in sizes)
         self.consts, self.coeffs = list(consts), [tuple(c) for c in coeffs]
         # (tensor dim, index view): that dim is indexed per row (result dim 0) by values in an SBUF tile
         self.indirect = indirect
+        # (tensor dim, (1, 1) tile view, scale): index of that dim += scale * the tile's value at run time
+        self.dynamic = tuple(dynamic)
 
     # the attributes kernels read
     shape = property(lambda self: self.sizes)
@@ -320,8 +343,11 @@ class View(TileMath):
         if len(key) > n:
             raise IndexError(f"too many indices: {len(key)} for a tensor of {n} dimensions {self.sizes}")
         key = tuple(k.as_slice() if isinstance(k, DynSlice) else k for k in key) + (slice(None),) * (n - len(key))
-        if self.tensor.space != HBM:
+        if self.tensor.space != HBM:  # a (1, 1) tile as an on-chip index: its value, read at run time
+            key = tuple(DynIndex(k) if isinstance(k, (NkiTensor, View)) else k for k in key)
             key = self._on_chip_key(key)
+        dyn_keys = [(j, k.value) for j, k in enumerate(key) if isinstance(k, DynIndex)]
+        key = tuple(k.base if isinstance(k, DynIndex) else k for k in key)
         # an SBUF tile of indices (dynamic indexing of an HBM tensor's leading dim)
         dyn = [j for j, k in enumerate(key) if isinstance(k, (NkiTensor, View))]
         indirect_index = None
@@ -382,7 +408,15 @@ class View(TileMath):
                 raise IndexError("the index tile must give the access's first (partition) dimension")
             k = next(k for k in range(len(self.consts)) if self.coeffs[k][dyn[0]])
             indirect = (k, indirect_index)
-        return View(self.tensor, sizes, consts, coeffs, indirect)
+        dynamic = list(self.dynamic)
+        for j, value in dyn_keys:
+            sv = _scalar_index(value)
+            for k in range(len(self.consts)):
+                if self.coeffs[k][j]:
+                    if self.tensor.space != HBM and k == (self.tensor.partition_axis or 0):
+                        raise IndexError("a run-time index cannot select SBUF/PSUM partitions (dimension 0)")
+                    dynamic.append((k, sv, self.coeffs[k][j]))
+        return View(self.tensor, sizes, consts, coeffs, indirect, dynamic)
 
     def __setitem__(self, key, value):
         sole = sys.getrefcount(value) <= 3  # as NkiTensor.__setitem__
@@ -418,7 +452,7 @@ class View(TileMath):
             for k in range(len(self.consts)):
                 new_coeffs[k][e] = sum(self.coeffs[k][d] * step_coeffs[d] for d in range(len(self.sizes)))
             acc *= shape[e]
-        v = View(self.tensor, shape, self.consts, new_coeffs)
+        v = View(self.tensor, shape, self.consts, new_coeffs, dynamic=self.dynamic)
         # valid only if every element maps as the row-major reshape would
         if not _reshape_is_affine(self, v):
             raise ValueError(f"reshape of {self.sizes} into {shape} does not keep a regular access pattern")
@@ -439,12 +473,14 @@ class View(TileMath):
                         raise ValueError(f"cannot broadcast {self.sizes} to {shape}")
                     co[lead + d] = 0
             coeffs.append(co)
-        return View(self.tensor, shape, self.consts, coeffs)
+        return View(self.tensor, shape, self.consts, coeffs, dynamic=self.dynamic)
 
     def _on_chip_key(self, key):
         """On-chip indexing keeps a tile 2-D: an int on a block dim drops it, an int on the partition
         dim keeps it (size 1), ints on free dims drop them unless fewer than two dims would remain
         (the last is then kept, size 1), as NKI's tiles behave."""
+        dyn = {j: k.value for j, k in enumerate(key) if isinstance(k, DynIndex)}
+        key = [k.base if isinstance(k, DynIndex) else k for k in key]
         pa = self.tensor.partition_axis or 0
         kinds = []
         for d in range(len(self.sizes)):
@@ -454,7 +490,6 @@ class View(TileMath):
                 kinds.append("partition")
             else:
                 kinds.append("free")
-        key = list(key)
         for d, k in enumerate(key):
             if kinds[d] == "partition" and _is_int(k):
                 key[d] = slice(int(k), int(k) + 1)
@@ -468,14 +503,14 @@ class View(TileMath):
             if kinds[d] == "free" and _is_int(key[d]):
                 key[d] = slice(int(key[d]), int(key[d]) + 1)
                 kept += 1
-        return tuple(key)
+        return tuple(DynIndex(dyn[j], k) if j in dyn else k for j, k in enumerate(key))
 
     # -- Gen-2 view methods ----------------------------------------------
     def ap(self, pattern, offset=None, scalar_offset=None, vector_offset=None, indirect_dim=0, dtype=None):
         """An access pattern over the tensor's flattened storage: ``[[step, num], ...]`` (outermost
         first; on-chip, the first pair walks partitions with step = elements per partition)."""
-        if scalar_offset is not None or vector_offset is not None:
-            raise NotImplementedError("indirect access patterns (scalar_offset/vector_offset) are not supported yet")
+        if scalar_offset is not None and vector_offset is not None:
+            raise ValueError(".ap(): scalar_offset and vector_offset are mutually exclusive")
         if dtype is not None:
             raise NotImplementedError(".ap(dtype=...) reinterpretation is not supported yet")
         t = self.tensor
@@ -484,13 +519,21 @@ class View(TileMath):
         if offset is None:
             offset = sum(self.consts[k] * row[k] for k in range(len(shape)))
         sizes = [int(n) for _, n in pattern]
+        indirect_dim = int(indirect_dim)
         if t.space == HBM:
             if list(t.strides) != row:
                 raise ValueError(".ap() on an HBM tensor needs its storage contiguous")
+            if vector_offset is not None:
+                return self._ap_rows(pattern, int(offset), vector_offset, indirect_dim)
             flat = NkiTensor(t.trace, t.buffer, t.space, (math.prod(shape),), t.tdtype, (1,), t.byte_offset, None,
                              t.name)
             flat._base = t
-            return View(flat, sizes, [int(offset)], [tuple(int(st) for st, _ in pattern)])
+            dynamic = () if scalar_offset is None else [(0, _scalar_index(scalar_offset), row[indirect_dim])]
+            return View(flat, sizes, [int(offset)], [tuple(int(st) for st, _ in pattern)], dynamic=dynamic)
+        if vector_offset is not None:
+            raise ValueError(".ap(vector_offset=) indexes the rows of an HBM tensor (indirect_dim 0)")
+        if scalar_offset is not None and indirect_dim == 0:
+            raise ValueError(".ap(scalar_offset=) cannot select SBUF/PSUM partitions (indirect_dim 0)")
         F = math.prod(shape[1:])
         step0 = int(pattern[0][0])
         if F and step0 % F:
@@ -499,8 +542,26 @@ class View(TileMath):
                          t.name, t.tile)
         flat._base = t
         po, fo = divmod(int(offset), F) if F else (int(offset), 0)
+        dynamic = () if scalar_offset is None else [(1, _scalar_index(scalar_offset), row[indirect_dim])]
         return View(flat, sizes, [po, fo], [(step0 // F if F else 0,) + (0,) * (len(sizes) - 1),
-                                            (0,) + tuple(int(st) for st, _ in pattern[1:])])
+                                            (0,) + tuple(int(st) for st, _ in pattern[1:])], dynamic=dynamic)
+
+    def _ap_rows(self, pattern, offset, vector_offset, indirect_dim):
+        """``.ap(vector_offset=)``: result row i is the HBM tensor's row ``vector_offset[i]`` (its first
+        pattern pair is the rows; the others walk within a row, from ``offset``)."""
+        if indirect_dim != 0:
+            raise ValueError(".ap(vector_offset=) supports indirect_dim 0 only")
+        t = self.tensor
+        R, F = t.shape[0], math.prod(t.shape[1:])
+        rows = NkiTensor(t.trace, t.buffer, t.space, (R, F), t.tdtype, (F, 1), t.byte_offset, None, t.name)
+        rows._base = t
+        iv = as_view(vector_offset)
+        if iv.space != SBUF or math.prod(iv.sizes) != iv.sizes[0] or iv.sizes[0] != int(pattern[0][1]):
+            raise IndexError(f".ap(vector_offset=) takes an SBUF tile of one row index per partition, "
+                             f"{int(pattern[0][1])} rows, got shape {list(iv.sizes)}")
+        sizes = [int(n) for _, n in pattern]
+        within = (0,) + tuple(int(st) for st, _ in pattern[1:])
+        return View(rows, sizes, [0, offset % F], [(0,) * len(sizes), within], (0, iv))
 
     def slice(self, dim, start, end, step=1):
         key = [slice(None)] * len(self.sizes)
@@ -508,14 +569,24 @@ class View(TileMath):
         return self[tuple(key)]
 
     def select(self, dim, index):
+        """The slice at ``index`` of ``dim`` (removed); a (1, 1) SBUF tile index is read at run time."""
         key = [slice(None)] * len(self.sizes)
-        key[dim] = int(index)
+        key[dim] = DynIndex(index) if isinstance(index, (NkiTensor, View)) else int(index)
         return self[tuple(key)]
+
+    def vector_select(self, dim, offsets):
+        """Rows of an HBM tensor chosen at run time: result row ``p`` is row ``offsets[p]`` (``dim`` 0)."""
+        if dim != 0 or self.tensor.space != HBM:
+            raise ValueError("vector_select selects rows (dim 0) of an HBM tensor")
+        t = self.tensor
+        return self.ap([[math.prod(t.shape[1:]), as_view(offsets).sizes[0]]] +
+                       [[math.prod(self.sizes[d + 1:]), self.sizes[d]] for d in range(1, len(self.sizes))],
+                       offset=0, vector_offset=offsets)
 
     def permute(self, dims):
         dims = list(dims)
         return View(self.tensor, [self.sizes[d] for d in dims], self.consts,
-                    [tuple(c[d] for d in dims) for c in self.coeffs])
+                    [tuple(c[d] for d in dims) for c in self.coeffs], dynamic=self.dynamic)
 
     def broadcast(self, dim, size):
         shape = list(self.sizes)
@@ -535,20 +606,22 @@ class View(TileMath):
         indirect = self.indirect
         if indirect is not None and dim == 0:
             indirect = (indirect[0], indirect[1].narrow(0, start, length))
-        return View(self.tensor, sizes, consts, self.coeffs, indirect)
+        return View(self.tensor, sizes, consts, self.coeffs, indirect, self.dynamic)
 
     def transposed(self):
         """The 2-D transpose of this access (dims swapped, no data moved)."""
         if len(self.sizes) != 2:
             raise ValueError(f"transpose takes a 2-D tile, got shape {self.sizes}")
-        return View(self.tensor, self.sizes[::-1], self.consts, [c[::-1] for c in self.coeffs])
+        return View(self.tensor, self.sizes[::-1], self.consts, [c[::-1] for c in self.coeffs],
+                    dynamic=self.dynamic)
 
     # -- the core's access pattern ---------------------------------------
     def bounds_error(self):
         """None if every index stays inside the tensor, else a message."""
         t = self.tensor
+        dyn_dims = {k for k, _, _ in self.dynamic}
         for k, n in enumerate(t.shape):
-            if self.indirect is not None and k == self.indirect[0]:
+            if (self.indirect is not None and k == self.indirect[0]) or k in dyn_dims:
                 continue  # checked per index when the kernel runs
             lo = hi = self.consts[k]
             for d, s in enumerate(self.sizes):
@@ -565,14 +638,36 @@ class View(TileMath):
                         f"(shape {t.shape}); indices must stay in [0, {n}) or be masked with mask=")
         return None
 
-    def access(self, role):
+    def access(self, role, dyn_srcs=None):
+        """The core's access tuple; run-time indices add their (1, 1) source tiles to ``dyn_srcs``."""
         t = self.tensor
         item = itemsize(t.tdtype)
         off = t.byte_offset + item * sum(self.consts[k] * t.strides[k] for k in range(len(t.shape)))
         strides = [sum(self.coeffs[k][d] * t.strides[k] for k in range(len(t.shape))) for d in range(len(self.sizes))]
         if t.block_locs is not None:
             off += self._block_offsets(strides, item)
-        return (t.buffer, t.tdtype, off, list(self.sizes), strides, role, t.tile)
+        if not self.dynamic:
+            return (t.buffer, t.tdtype, off, list(self.sizes), strides, role, t.tile)
+        if dyn_srcs is None:
+            raise ValueError(f"{role}: a run-time index is not supported on this operand")
+        if t.block_locs is not None:
+            raise ValueError(f"{role}: a run-time index into a tensor with unevenly placed blocks")
+        entries = []
+        for k, sv, scale in self.dynamic:
+            n = t.shape[k]
+            lo = hi = self.consts[k]
+            for d, s in enumerate(self.sizes):
+                span = self.coeffs[k][d] * (s - 1)
+                lo, hi = (lo + span, hi) if span < 0 else (lo, hi + span)
+            # the values v with lo + scale * v >= 0 and hi + scale * v <= n - 1
+            if scale > 0:
+                vlo, vhi = -(lo // scale), (n - 1 - hi) // scale
+            else:
+                vlo, vhi = -((hi - n + 1) // scale), (-lo) // scale
+            dyn_srcs.append(sv.access(role + "_offset"))
+            entries.append((len(dyn_srcs) - 1, scale * t.strides[k], vlo, vhi,
+                            f"dimension {k} of {t.name or 'the tensor'} (size {n})"))
+        return (t.buffer, t.tdtype, off, list(self.sizes), strides, role, t.tile, entries)
 
     def _block_offsets(self, strides, item):
         """The arena offset of the first block this access touches; adds the byte step between
@@ -601,6 +696,15 @@ class View(TileMath):
 
     def __repr__(self):
         return f"View({self.tensor!r}, sizes={self.sizes})"
+
+
+def _scalar_index(x):
+    """A run-time index: one value in an SBUF tile."""
+    sv = as_view(x)
+    if math.prod(sv.sizes) != 1 or sv.space != SBUF:
+        raise IndexError(f"a run-time index is one value in an SBUF tile (shape (1, 1)), got a "
+                         f"{sv.buffer_space} tile of shape {list(sv.sizes)}")
+    return sv
 
 
 def _is_int(k):

@@ -135,7 +135,7 @@ def _padded(v, shape):
         return v
     extra = len(shape) - len(v.sizes)
     return View(v.tensor, tuple(v.sizes) + (1,) * extra, v.consts, [tuple(c) + (0,) * extra for c in v.coeffs],
-                v.indirect)
+                v.indirect, v.dynamic)
 
 
 def store(dst, value, *, mask=None, **kwargs):
@@ -529,8 +529,10 @@ def transpose(x, *, dtype=None, mask=None, **kwargs):
                              f"limitation of 128.")
     vector = v.sizes[0] <= 32 and v.sizes[1] <= 32
     t = new_tile((v.sizes[1], v.sizes[0]), to_dtype(dtype) or v.tdtype, SBUF if vector else PSUM)
-    issue("transpose", "nc_transpose", t.view_all(), [v], ints=[1 if vector else 0], same_shape=False,
-          roles=["dst", "data"])
+    src, d, mask = _emit.transpose_masked(v, t.view_all(), mask)
+    if mask is not False:
+        issue("transpose", "nc_transpose", d, [src], ints=[1 if vector else 0], same_shape=False,
+              roles=["dst", "data"])
     return t
 
 

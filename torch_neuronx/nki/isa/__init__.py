@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from .. import language as nl
-from .._emit import current, issue, new_tile, precheck, require_space
+from .._emit import current, issue, new_tile, precheck, require_space, transpose_masked
 from .._index import IndexExpr, Mask
 from .._tensor import HBM, PSUM, SBUF, as_view, is_tile, to_dtype
 
@@ -121,8 +121,10 @@ def nc_transpose(data, *, mask=None, dtype=None, engine=engine.unknown, _dst=Non
         use_vector = int(engine) == int(vector_engine) or (engine == unknown_engine and p <= 32 and f <= 32)
     precheck("transpose", "nc_transpose", (f, p), SBUF if use_vector else PSUM, [v], ["data"], [int(use_vector)])
     t, d = _out(v, dtype, SBUF if use_vector else PSUM, _dst, (f, p))
-    issue("transpose", "nc_transpose", d, [v], ints=[1 if use_vector else 0], same_shape=False,
-          roles=["dst", "data"])
+    v, d, mask = transpose_masked(v.reshape((p, f)) if len(v.sizes) != 2 and mask is not None else v, d, mask)
+    if mask is not False:
+        issue("transpose", "nc_transpose", d, [v], ints=[1 if use_vector else 0], same_shape=False,
+              roles=["dst", "data"])
     return t
 
 
@@ -238,7 +240,7 @@ def tensor_reduce(op, data, axis, *, mask=None, dtype=None, negate=False, keepdi
 def tensor_partition_reduce(op, data, *, mask=None, dtype=None, _dst=None, **kwargs):
     v = require_space(data, (SBUF, PSUM), "tensor_partition_reduce", "data")
     t, d = _out(v, dtype, dst=_dst, shape=(1,) + tuple(v.sizes[1:]))
-    issue("partition_reduce", "tensor_partition_reduce", d, [v], fns=[_op(op)], same_shape=False,
+    issue("partition_reduce", "tensor_partition_reduce", d, [v], fns=[_op(op)], mask=mask, same_shape=False,
           roles=["dst", "data"])
     return t
 
@@ -308,7 +310,7 @@ def bn_stats(data, *, mask=None, dtype=None, _dst=None, **kwargs):
     """Per partition (count, mean, variance x count) of the even and of the odd elements: (P, 6)."""
     v = require_space(data, (SBUF, PSUM), "bn_stats", "data")
     t, d = _out(v, to_dtype(dtype) or torch.float32, dst=_dst, shape=(v.sizes[0], 6))
-    issue("bn_stats", "bn_stats", d, [v], same_shape=False, roles=["dst", "data"])
+    issue("bn_stats", "bn_stats", d, [v], mask=mask, same_shape=False, roles=["dst", "data"])
     return t
 
 
@@ -319,7 +321,7 @@ def bn_aggr(data, *, mask=None, dtype=None, _dst=None, **kwargs):
         raise ValueError(f"bn_aggr data must hold (count, mean, var*count) triples, got "
                          f"{math.prod(v.sizes[1:])} elements per partition")
     t, d = _out(v, to_dtype(dtype) or torch.float32, dst=_dst, shape=(v.sizes[0], 2))
-    issue("bn_aggr", "bn_aggr", d, [v], same_shape=False, roles=["dst", "data"])
+    issue("bn_aggr", "bn_aggr", d, [v], mask=mask, same_shape=False, roles=["dst", "data"])
     return t
 
 
@@ -360,7 +362,8 @@ def dma_transpose(src, *, axes=None, mask=None, dtype=None, _dst=None, **kwargs)
     if axes is None:
         raise ValueError(f"dma_transpose takes 2-4 dimensional tensors, got {nd}")
     from .._tensor import View
-    p = View(v.tensor, [v.sizes[a] for a in axes], v.consts, [tuple(c[a] for a in axes) for c in v.coeffs])
+    p = View(v.tensor, [v.sizes[a] for a in axes], v.consts, [tuple(c[a] for a in axes) for c in v.coeffs],
+             dynamic=v.dynamic)
     t, d = _out(p, dtype, dst=_dst)
     issue("copy", "dma_transpose", d, [p], mask=mask, roles=["dst", "src"])
     return t
@@ -370,7 +373,7 @@ def max8(*, src, mask=None, dtype=None, _dst=None, **kwargs):
     """The 8 largest values of each partition, in descending order: (P, 8)."""
     v = require_space(src, (SBUF, PSUM), "max8", "src")
     t, d = _out(v, dtype, dst=_dst, shape=(v.sizes[0], 8))
-    issue("max8", "max8", d, [v], same_shape=False, roles=["dst", "src"])
+    issue("max8", "max8", d, [v], mask=mask, same_shape=False, roles=["dst", "src"])
     return t
 
 
@@ -379,7 +382,7 @@ def nc_find_index8(*, data, vals, mask=None, dtype=None, _dst=None, **kwargs):
     v = require_space(data, (SBUF, PSUM), "nc_find_index8", "data")
     w = require_space(vals, (SBUF, PSUM), "nc_find_index8", "vals")
     t, d = _out(v, to_dtype(dtype) or torch.uint32, dst=_dst, shape=(v.sizes[0], 8))
-    issue("find_index8", "nc_find_index8", d, [v, w], same_shape=False, roles=["dst", "data", "vals"])
+    issue("find_index8", "nc_find_index8", d, [v, w], mask=mask, same_shape=False, roles=["dst", "data", "vals"])
     return t
 
 
@@ -459,3 +462,8 @@ def range_select(*, on_true_tile, comp_op0, comp_op1, bound0, bound1, reduce_cmd
         issue("reduce", "range_select", r.reshape([d.sizes[0]] + [1] * len(axes)), [d], fns=[_op(reduce_op)],
               ints=[0] + axes, same_shape=False, roles=["reduce_res", "dst"])
     return t
+
+
+from .gpsimd import (  # noqa: E402,F401 - instructions defined in their own module
+    local_gather, nc_match_replace8, nc_stream_shuffle, sequence_bounds, tensor_copy_dynamic_dst,
+    tensor_copy_dynamic_src)

@@ -215,6 +215,22 @@ def nc_find_index8(dst, data, vals, name=None):
     _g1.nc_find_index8(data=data, vals=vals, dtype=_dt(dst), _dst=dst)
 
 
+def nc_match_replace8(dst, data, vals, imm, dst_idx=None, name=None):
+    _g1.nc_match_replace8(data=data, vals=vals, imm=imm, dst_idx=dst_idx, dtype=_dt(dst), _dst=dst)
+
+
+def nc_stream_shuffle(dst, src, shuffle_mask, name=None):
+    _g1.nc_stream_shuffle(src, dst, shuffle_mask)
+
+
+def sequence_bounds(dst, segment_ids, name=None):
+    _g1.sequence_bounds(segment_ids=segment_ids, dtype=_dt(dst), _dst=dst)
+
+
+def local_gather(dst, src_buffer, index, num_elem_per_idx=1, num_valid_indices=None, name=None):
+    _g1.local_gather(src_buffer, index, num_elem_per_idx, num_valid_indices, _dst=dst)
+
+
 def tensor_copy_predicated(dst, src, predicate, reverse_pred=False, name=None):
     _g1.tensor_copy_predicated(src=src, dst=dst, predicate=predicate, reverse_pred=reverse_pred)
 

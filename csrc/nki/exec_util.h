@@ -1,0 +1,36 @@
+#pragma once
+// Helpers shared by the instruction executors (instructions.cpp, gpsimd.cpp).
+#include <ATen/Functions.h>
+#include <ATen/core/Tensor.h>
+
+#include <vector>
+
+#include "nki/program.h"
+
+namespace neuronx::nki {
+
+inline at::Tensor f32(const at::Tensor& t) { return t.scalar_type() == at::kFloat ? t : t.to(at::kFloat); }
+
+// Writes result into dst (rounding to dst's dtype); a mask keeps dst where false.
+inline void write(const Instruction& ins, const at::Tensor& dst, const at::Tensor& result) {
+  at::Tensor r = result.sizes() == dst.sizes() ? result : result.reshape(dst.sizes());
+  if (ins.mask) {
+    dst.copy_(at::where(*ins.mask, r.to(dst.scalar_type()), dst));
+  } else {
+    dst.copy_(r);
+  }
+}
+
+// A (P, 1)-style per-partition operand shaped to broadcast over t's free dims.
+inline at::Tensor per_partition(const at::Tensor& s, const at::Tensor& t) {
+  std::vector<int64_t> shape(t.dim(), 1);
+  shape[0] = s.size(0);
+  return f32(s).reshape(shape);
+}
+
+// The GpSimd Engine's selection instructions (gpsimd.cpp): max8, find_index8,
+// match_replace8, gather, local_gather, stream_shuffle, sequence_bounds.
+// False when the kind is not one of them.
+bool execute_gpsimd(const Instruction& ins, const std::vector<at::Tensor>& v);
+
+}  // namespace neuronx::nki
