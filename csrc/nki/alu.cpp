@@ -1,5 +1,7 @@
 #include "nki/alu.h"
 
+#include <cmath>
+
 #include <ATen/Functions.h>
 #include <ATen/TensorOperators.h>
 #include <c10/util/Exception.h>
@@ -140,6 +142,28 @@ at::Tensor activation(const std::string& fn, const at::Tensor& x, double alpha) 
   auto it = activation_table().find(fn);
   TORCH_CHECK(it != activation_table().end(), "'", fn, "' is not an activation function");
   return it->second(x, alpha);
+}
+
+bool activation_range(const std::string& fn, double& lo, double& hi, bool& magnitude) {
+  // The NKI documentation's table of Scalar Engine input ranges.
+  static const double kPi = 3.14159265358979323846;
+  magnitude = false;
+  if (fn == "log") {
+    lo = std::ldexp(1.0, -64), hi = std::ldexp(1.0, 64);
+  } else if (fn == "sin") {
+    lo = -kPi, hi = kPi;
+  } else if (fn == "arctan") {
+    lo = -kPi / 2, hi = kPi / 2;
+  } else if (fn == "sqrt") {
+    lo = std::ldexp(1.0, -116), hi = std::ldexp(1.0, 118);
+  } else if (fn == "rsqrt") {
+    lo = std::ldexp(1.0, -87), hi = std::ldexp(1.0, 97);
+  } else if (fn == "reciprocal") {
+    lo = std::ldexp(1.0, -42), hi = std::ldexp(1.0, 42), magnitude = true;
+  } else {
+    return false;
+  }
+  return true;
 }
 
 }  // namespace neuronx::nki

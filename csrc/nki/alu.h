@@ -20,5 +20,8 @@ std::string activation_names();
 
 at::Tensor alu(const std::string& op, const at::Tensor& a, const at::Tensor& b);
 at::Tensor activation(const std::string& fn, const at::Tensor& x, double alpha);
+// The Scalar Engine's valid input range of an activation function (|x| for
+// reciprocal); false for functions defined on every value.
+bool activation_range(const std::string& fn, double& lo, double& hi, bool& magnitude);
 
 }  // namespace neuronx::nki

@@ -7,6 +7,7 @@
 #include <c10/util/Exception.h>
 
 #include <limits>
+#include <sstream>
 #include <unordered_map>
 
 #include "nki/alu.h"
@@ -79,6 +80,26 @@ void copy_indirect(const Instruction& ins, const std::vector<at::Tensor>& v) {
   }
 }
 
+// The Scalar Engine computes an activation only on its documented input
+// range; finite values outside it (in the written positions) are an error.
+// NaN passes (it shows an uninitialised read in the result).
+void check_activation_input(const Instruction& ins, const at::Tensor& x) {
+  if (ins.name != "activation" && ins.name != "activation_reduce") return;  // nisa.activation only
+  double lo = 0, hi = 0;
+  bool magnitude = false;
+  if (!activation_range(ins.fns.at(0), lo, hi, magnitude)) return;
+  at::Tensor a = magnitude ? x.abs() : x;
+  at::Tensor bad = at::logical_and(at::isfinite(a), at::logical_or(a < lo, a > hi));
+  if (ins.fns[0] == "sqrt") bad = at::logical_and(bad, a != 0);  // sqrt(0) = 0 exactly
+  if (ins.mask) bad = at::logical_and(bad, ins.mask->reshape(bad.sizes()));
+  if (!bad.any().item<bool>()) return;
+  const double v = x.masked_select(bad)[0].item<double>();
+  std::ostringstream msg;
+  msg << ins.name << " " << ins.fns[0] << " input " << v << " is outside its valid range " << (magnitude ? "±" : "")
+      << "[" << lo << ", " << hi << "]";
+  TORCH_CHECK_VALUE(false, msg.str());
+}
+
 }  // namespace
 
 void execute(const Instruction& ins, const std::vector<at::Tensor>& v, RunState& state) {
@@ -138,6 +159,7 @@ void execute(const Instruction& ins, const std::vector<at::Tensor>& v, RunState&
       }
       if (ins.ints.at(0)) x = x + per_partition(v[k], x);
       k += ins.ints[0] + ins.ints[1];
+      check_activation_input(ins, x);
       at::Tensor y = activation(ins.fns.at(0), x, ins.scalars.size() > 1 ? ins.scalars[1] : 0.0);
       write(ins, dst, y);
       if (ins.ints.at(2)) write(Instruction{ins.kind}, v[k], reduce(ins.fns.at(1), y, free_dims(y), true));

@@ -152,6 +152,8 @@ void bind(py::module& parent) {
           p.run(v);
         } catch (const c10::IndexError& e) {
           throw py::index_error(e.what_without_backtrace());
+        } catch (const c10::ValueError& e) {
+          throw py::value_error(e.what_without_backtrace());
         } catch (const c10::Error& e) {
           throw std::runtime_error(e.what_without_backtrace());
         }

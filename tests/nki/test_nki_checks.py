@@ -178,7 +178,7 @@ def test_tiles_are_placed_by_lifetime():
 def test_tiles_freed_in_a_loop_do_not_exhaust_sbuf():
     def k(a):
         out = nl.ndarray((128, 1024), nl.float32, buffer=nl.shared_hbm)
-        for i in nl.affine_range(64):  # 64 x 2 x 4 KiB per partition: only live tiles count
+        for i in nl.sequential_range(64):  # 64 x 2 x 4 KiB per partition: only live tiles count
             x = nl.load(a[0:128, 0:1024])
             nl.store(out, value=nl.add(x, 1.0))
         return out

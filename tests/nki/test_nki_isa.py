@@ -62,12 +62,25 @@ ACT = {"exp": np.exp, "tanh": np.tanh, "relu": lambda x: np.maximum(x, 0), "sigm
 
 @pytest.mark.parametrize("fn", list(ACT))
 def test_activation_with_scale_and_bias(fn):
-    a, bias, scale = rand(128, 300), rand(128, 1), rand(128, 1, lo=0.5, hi=1.0)
+    # inputs within every function's valid range (sin: [-pi, pi])
+    a, bias, scale = rand(128, 300, lo=-1.5, hi=1.5), rand(128, 1, lo=-1.5, hi=1.5), rand(128, 1, lo=0.5, hi=1.0)
     out = run(lambda x, b, s: nisa.activation(op=getattr(nl, fn) if fn != "copy" else "copy", data=x, bias=b, scale=s),
               a, bias, scale)
     close(out, ACT[fn](a * scale + bias), np.float32)
     out = run(lambda x: nisa.activation(op=getattr(nl, fn) if fn != "copy" else "copy", data=x, scale=0.5), a)
     close(out, ACT[fn](a * 0.5), np.float32)
+
+
+@pytest.mark.parametrize("fn,bad", [("sin", 3.5), ("log", 0.0), ("rsqrt", -1.0), ("arctan", 2.0)])
+def test_activation_input_outside_its_range_is_an_error(fn, bad):
+    a = rand(128, 64, lo=0.5, hi=1.0)
+    a[5, 7] = bad
+    with pytest.raises(ValueError, match=f"activation {fn} input {bad:g} is outside its valid range"):
+        run(lambda x: nisa.activation(op=getattr(nl, fn), data=x), a)
+    # a masked-off position is not computed, so not checked
+    out = run(lambda x: nisa.activation(op=getattr(nl, fn), data=x[0:128, 0:64],
+                                        mask=(nl.arange(128)[:, None] < 5)), a)
+    close(out[:5], getattr(np, {"rsqrt": "sqrt"}.get(fn, fn))(a[:5]) ** (-1 if fn == "rsqrt" else 1), np.float32)
 
 
 def test_activation_reduce_and_tensor_scalar_reduce():

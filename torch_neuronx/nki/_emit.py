@@ -10,6 +10,7 @@ import threading
 import numpy as np
 import torch
 
+from . import _loops
 from ._index import Mask
 from ._tensor import (HBM, PSUM, PSUM_BUFFER, SBUF, SBUF_BUFFER, NkiTensor, View, as_view, is_tile, itemsize,
                       par_dim)
@@ -39,35 +40,6 @@ def kernel_line():
     while f is not None and f.f_code.co_filename.startswith(_PKG_DIR + os.sep):
         f = f.f_back
     return f"{f.f_code.co_filename}:{f.f_lineno}" if f is not None else "?"
-
-
-class SymbolicRange:
-    """``affine_range``/``sequential_range``: NKI traces such a loop's body once, with a symbolic
-    index, so Python in the body (an address computed as ``cur_addr += ...``) runs once; here the
-    body runs per iteration, and a manual allocation made at the same place in a later
-    iteration gets the address of the first (see ``new_tensor``)."""
-
-    def __init__(self, r):
-        self.range = r
-
-    def __len__(self):
-        return len(self.range)
-
-    def __getitem__(self, i):
-        return self.range[i]
-
-    def __iter__(self):
-        tr = getattr(_local, "trace", None)
-        if tr is None:
-            yield from self.range
-            return
-        if tr.loop_depth == 0:  # a new outermost loop: its body's allocations are placed afresh
-            tr.manual_sites = {}
-        tr.loop_depth += 1
-        try:
-            yield from self.range
-        finally:
-            tr.loop_depth -= 1
 
 
 def _call_sites():
@@ -152,7 +124,7 @@ def new_tensor(shape, dtype, buffer=None, name=""):
     manual = hasattr(buffer, "locations")
     try:
         if manual:
-            site = (_call_sites(), space, tuple(shape), dtype) if tr.loop_depth else None
+            site = (_call_sites(), space, tuple(shape), dtype) if tr.loops else None
             locs = tr.manual_sites.get(site) if site else None
             if locs is None:
                 locs = buffer.locations(blocks, P, nfree * itemsize(dtype), tr.psum_bank_bytes)
@@ -183,6 +155,7 @@ def new_tensor(shape, dtype, buffer=None, name=""):
     t = NkiTensor(tr, SBUF_BUFFER if space == SBUF else PSUM_BUFFER, space, shape, dtype, strides, byte_offset, pa,
                   name, tile=tile)
     t.block_locs = block_locs
+    t.serial, tr.serial = tr.serial, tr.serial + 1
     if declared != dtype:
         t.declared = declared
     return t
@@ -316,6 +289,10 @@ def issue(kind, name, dst, srcs=(), fns=(), scalars=(), ints=(), mask=None, cons
     tr.program.emit(kind, name, accesses, list(fns), [float(s) for s in scalars], [int(i) for i in ints],
                     mask_t.contiguous() if mask_t is not None else None, constant, "", dyn_srcs)
     tr.count(name)
+    if tr.loops:
+        rmw = accumulate or (kind in ("matmul", "tensor_tensor") and ints and ints[0]) or any(
+            a[:5] == accesses[0][:5] for a in accesses[1:])
+        _loops.check_writes(tr, ops[0], accesses[0], mask_t, rmw, kernel_line())
     w = ops[0]
     if fresh and w.tensor is dst.tensor and w.indirect is None:
         # the instruction making a result tile, which assigning may redirect (retarget); no
@@ -368,8 +345,11 @@ def retarget(d, value, accumulate=False):
             if (c, size) != (0, d.sizes[k]):
                 d = d.narrow(k, c, size)
     _check_bounds(d, None)
-    if not tr.program.retarget_last(t.tile, d.access("dst"), accumulate):
+    access = d.access("dst")
+    if not tr.program.retarget_last(t.tile, access, accumulate):
         return False
+    if tr.loops:
+        _loops.check_writes(tr, d, access, None, accumulate, kernel_line())
     if d.space == PSUM:
         mark_written(d)
     t._producer = None

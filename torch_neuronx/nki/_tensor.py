@@ -255,6 +255,7 @@ class NkiTensor(TileMath):
 
     declared = None  # the dtype a kernel asked for when stored wider (NKI_PRECISE_FP=0)
     block_locs = None  # manual placement with unevenly spaced blocks: block index -> arena byte offset
+    serial = -1        # creation order in the trace (kernel arguments: -1)
 
     @property
     def dtype(self):

@@ -34,8 +34,9 @@ class Trace:
         self._shared_seen = 0
         self._names = 0
         self.counts = collections.Counter()
-        self.loop_depth = 0     # affine/sequential loops being run (SymbolicRange)
+        self.loops = []         # affine/sequential loops being run (_loops.SymbolicRange), outermost first
         self.manual_sites = {}  # manual placements made in the current outermost loop, by call site
+        self.serial = 0         # tensors made so far (a loop's writes to older tensors are checked)
         t = _nki.target()
         self._pbytes = {SBUF: t["sbuf_partition_bytes"], PSUM: t["psum_partition_bytes"]}
         self.psum_bank_bytes = t["psum_bank_bytes"]
@@ -66,6 +67,7 @@ class Trace:
         self.hbm.append((shape, dtype))
         strides = [math.prod(shape[i + 1:]) for i in range(len(shape))]
         t = NkiTensor(self, buf, HBM, shape, dtype, strides, 0, None, name)
+        t.serial, self.serial = self.serial, self.serial + 1
         if shared:
             self._shared.append(t)
             self._shared_seen += 1

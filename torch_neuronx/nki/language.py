@@ -9,7 +9,7 @@ import math
 import numpy as np
 import torch
 
-from . import _emit
+from . import _emit, _loops
 from ._emit import current, issue, new_tensor, new_tile, require_space, result_dtype
 from ._index import DynSlice, IndexExpr, Mask, arange, ds, mgrid  # noqa: F401
 from ._tensor import (HBM, PSUM, SBUF, MemorySpace, NkiTensor, View, as_view, is_tile, nki_dtype,  # noqa: F401
@@ -271,13 +271,13 @@ def _update(dst, op, value, mask=None, sole=False):
 # -- loops and SPMD ---------------------------------------------------------------
 def affine_range(*args, **kwargs):
     """A loop whose iterations are independent (run per iteration when traced; NKI traces the
-    body once, which matters to manual allocation: see ``_emit.SymbolicRange``)."""
-    return _emit.SymbolicRange(range(*[int(a) for a in args]))
+    body once, which matters to manual allocation: see ``_loops``)."""
+    return _loops.SymbolicRange(range(*[int(a) for a in args]), affine=True)
 
 
 def sequential_range(*args, **kwargs):
     """A loop whose iterations depend on each other (traced like ``affine_range``)."""
-    return _emit.SymbolicRange(range(*[int(a) for a in args]))
+    return _loops.SymbolicRange(range(*[int(a) for a in args]), affine=False)
 
 
 def static_range(*args, **kwargs):

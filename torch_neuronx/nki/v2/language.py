@@ -86,15 +86,11 @@ def zeros_like(x, dtype=None, buffer=None, name=""):
 
 
 def affine_range(start, stop=None, step=1):
-    """A loop traced once by NKI (run per iteration here; see ``_g1.affine_range``)."""
-    return _g1.affine_range(start, stop, step) if stop is not None else _g1.affine_range(start)
-
-
-sequential_range = affine_range
-
-
-def static_range(start, stop=None, step=1):
+    """An alias of ``range`` in NKI 0.6 (unrolled at trace time; ``static_range`` is preferred)."""
     return range(start, stop, step) if stop is not None else range(start)
+
+
+sequential_range = static_range = affine_range
 
 
 def is_hbm(buffer):
