@@ -6,6 +6,7 @@
 #include <ATen/TensorOperators.h>
 #include <c10/util/Exception.h>
 
+#include <cstdio>
 #include <limits>
 #include <sstream>
 #include <unordered_map>
@@ -100,6 +101,37 @@ void check_activation_input(const Instruction& ins, const at::Tensor& x) {
   TORCH_CHECK_VALUE(false, msg.str());
 }
 
+// nl.device_print: the values when the instruction runs, NumPy-style, long
+// dims elided as "...".
+void print_values(const Instruction& ins, const at::Tensor& x) {
+  at::Tensor t = f32(x).reshape({x.size(0), -1}).cpu();
+  const int64_t P = t.size(0), F = t.size(1);
+  std::ostringstream out;
+  out << ins.fns.at(0) << " " << x.sizes() << "\n[";
+  auto row = [&](int64_t p) {
+    out << "[";
+    for (int64_t f = 0; f < F; ++f) {
+      if (F > 12 && f == 6) {
+        out << " ...";
+        f = F - 6;
+      }
+      out << (f ? " " : "") << t[p][f].item<float>();
+    }
+    out << "]";
+  };
+  for (int64_t p = 0; p < P; ++p) {
+    if (P > 8 && p == 4) {
+      out << "\n ...";
+      p = P - 4;
+    }
+    if (p) out << "\n ";
+    row(p);
+  }
+  out << "]\n";
+  std::fputs(out.str().c_str(), stdout);
+  std::fflush(stdout);
+}
+
 }  // namespace
 
 void execute(const Instruction& ins, const std::vector<at::Tensor>& v, RunState& state) {
@@ -108,6 +140,10 @@ void execute(const Instruction& ins, const std::vector<at::Tensor>& v, RunState&
     return;
   }
   if (execute_gpsimd(ins, v)) return;
+  if (ins.kind == Kind::kPrint) {
+    print_values(ins, v[0]);
+    return;
+  }
   const uint64_t seed = state.seed;
   const at::Tensor& dst = v[0];
   switch (ins.kind) {

@@ -50,6 +50,7 @@ const std::unordered_map<std::string, Kind>& kinds() {
       {"shuffle", Kind::kShuffle},
       {"sequence_bounds", Kind::kSequenceBounds},
       {"local_gather", Kind::kLocalGather},
+      {"print", Kind::kPrint},
   };
   return k;
 }

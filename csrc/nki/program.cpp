@@ -116,7 +116,7 @@ void Program::drop_overwritten_fills() {
       }
       const Access& d = next.ops[0];
       const bool indirect = next.kind == Kind::kCopy && next.ints.size() >= 6;  // may skip rows
-      bool whole = !next.mask && !indirect && d.dynamic.empty() && d.tile == f.tile && d.byte_offset == f.byte_offset &&
+      bool whole = next.kind != Kind::kPrint && !next.mask && !indirect && d.dynamic.empty() && d.tile == f.tile && d.byte_offset == f.byte_offset &&
                    d.dtype == f.dtype && d.sizes == f.sizes && d.strides == f.strides;
       for (size_t k = 1; whole && k < next.ops.size(); ++k) whole = next.ops[k].tile != f.tile;
       for (const Access& s : next.dyn_srcs) whole = whole && s.tile != f.tile;

@@ -73,6 +73,7 @@ enum class Kind : uint8_t {
   kShuffle,           // dst partition q*32+i = src partition q*32+mask[i] (nc_stream_shuffle)
   kSequenceBounds,    // dst (P, 2, n) = start and end of each element's segment
   kLocalGather,       // dst = each 16-partition core's gather at its flattened indices
+  kPrint,             // prints ops[0] (read, not written) after fns[0] (nl.device_print)
 };
 
 struct Instruction {

@@ -344,3 +344,16 @@ def test_random_seed_makes_random_instructions_repeat():
     assert np.array_equal(s1, s1b) and not np.array_equal(s1, s2)
     unseeded = unary_kernel(seeded(None))
     assert not np.array_equal(nki.simulate_kernel(unseeded, a), nki.simulate_kernel(unseeded, a))
+
+
+def test_device_print_shows_values_when_the_kernel_runs(capfd):
+    def k(x):
+        t = nl.exp(x)
+        nl.device_print("exp =", t)
+        return t
+    a = np.arange(24, dtype=np.float32).reshape(2, 12) / 10
+    run(k, a)
+    out = capfd.readouterr().out
+    assert "exp = [2, 12]" in out
+    row0 = out.split("[[", 1)[1].split("]", 1)[0].split()
+    assert len(row0) == 12 and np.allclose([float(v) for v in row0], np.exp(a[0]), rtol=1e-5)

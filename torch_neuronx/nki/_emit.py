@@ -271,7 +271,7 @@ def issue(kind, name, dst, srcs=(), fns=(), scalars=(), ints=(), mask=None, cons
     roles = roles or ["dst"] + [f"src{i}" for i in range(len(srcs))]
     for v in ops:
         _check_bounds(v, mask_t)
-    if ops[0].space == PSUM:
+    if ops[0].space == PSUM and kind != "print":
         mark_written(ops[0])
     if any(0 in v.sizes for v in ops):
         return
@@ -289,7 +289,7 @@ def issue(kind, name, dst, srcs=(), fns=(), scalars=(), ints=(), mask=None, cons
     tr.program.emit(kind, name, accesses, list(fns), [float(s) for s in scalars], [int(i) for i in ints],
                     mask_t.contiguous() if mask_t is not None else None, constant, "", dyn_srcs)
     tr.count(name)
-    if tr.loops:
+    if tr.loops and kind != "print":
         rmw = accumulate or (kind in ("matmul", "tensor_tensor") and ints and ints[0]) or any(
             a[:5] == accesses[0][:5] for a in accesses[1:])
         _loops.check_writes(tr, ops[0], accesses[0], mask_t, rmw, kernel_line())

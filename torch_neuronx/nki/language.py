@@ -594,8 +594,14 @@ def random_seed(seed, *, mask=None, **kwargs):
 
 
 def device_print(prefix, x, *, mask=None, **kwargs):
-    """Printing device values needs them computed: not available while tracing (a limit of this simulator)."""
-    print(prefix, f"<{type(x).__name__} {getattr(x, 'shape', '')}>")
+    """Prints ``prefix`` and the values of ``x`` (a tile or an HBM tensor) when the kernel runs, at
+    this point of the program."""
+    if not is_tile(x):
+        print(prefix, x)
+        return
+    v = as_view(x)
+    issue("print", "device_print", v if len(v.sizes) >= 2 else _padded(v, _tile_shape(v.sizes)), fns=[str(prefix)],
+          roles=["x"])
 
 
 def static_cast(value, dtype):
