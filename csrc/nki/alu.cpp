@@ -51,6 +51,14 @@ const std::map<std::string, Binary>& alu_table() {
       {"bitwise_xor", [](auto& a, auto& b) { return at::bitwise_xor(i64(a), i64(b)); }},
       {"left_shift", [](auto& a, auto& b) { return at::bitwise_left_shift(i64(a), i64(b)); }},
       {"right_shift", [](auto& a, auto& b) { return at::bitwise_right_shift(i64(a), i64(b)); }},
+      // unary arithmetic operators: the operand is ignored (tensor_scalar(op0=nl.abs, operand0=0.0))
+      {"abs", [](auto& a, auto&) { return at::abs(f32(a)); }},
+      {"square", [](auto& a, auto&) { return at::square(f32(a)); }},
+      {"relu", [](auto& a, auto&) { return at::relu(f32(a)); }},
+      {"rsqrt", [](auto& a, auto&) { return at::rsqrt(f32(a)); }},
+      {"reciprocal", [](auto& a, auto&) { return at::reciprocal(f32(a)); }},
+      {"invert", [](auto& a, auto&) { return at::bitwise_not(i64(a)); }},
+      {"bitwise_not", [](auto& a, auto&) { return at::bitwise_not(i64(a)); }},
   };
   return t;
 }

@@ -3,6 +3,7 @@
 #include <ATen/Functions.h>
 #include <ATen/core/Tensor.h>
 
+#include <optional>
 #include <vector>
 
 #include "nki/program.h"
@@ -12,12 +13,23 @@ namespace neuronx::nki {
 inline at::Tensor f32(const at::Tensor& t) { return t.scalar_type() == at::kFloat ? t : t.to(at::kFloat); }
 
 // Writes result into dst (rounding to dst's dtype); a mask keeps dst where false.
+// A destination dim of stride 0 writes one address repeatedly: the last value
+// stays, as on hardware (kernels use such a dst when only a reduction matters).
 inline void write(const Instruction& ins, const at::Tensor& dst, const at::Tensor& result) {
+  at::Tensor d = dst;
   at::Tensor r = result.sizes() == dst.sizes() ? result : result.reshape(dst.sizes());
-  if (ins.mask) {
-    dst.copy_(at::where(*ins.mask, r.to(dst.scalar_type()), dst));
+  std::optional<at::Tensor> mask = ins.mask;
+  for (int64_t i = 0; i < d.dim(); ++i)
+    if (d.stride(i) == 0 && d.size(i) > 1) {
+      const int64_t last = d.size(i) - 1;
+      d = d.narrow(i, 0, 1);
+      r = r.narrow(i, last, 1);
+      if (mask) mask = mask->narrow(i, last, 1);
+    }
+  if (mask) {
+    d.copy_(at::where(*mask, r.to(d.scalar_type()), d));
   } else {
-    dst.copy_(r);
+    d.copy_(r);
   }
 }
 

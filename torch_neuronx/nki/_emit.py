@@ -111,7 +111,9 @@ def new_tensor(shape, dtype, buffer=None, name=""):
         raise ValueError(f"negative dimension in shape {shape}")
     name = name or tr.auto_name()
     if space == HBM:
-        return tr.hbm_tensor(shape, dtype, name, shared=getattr(buffer, "name", "") == "shared_hbm")
+        t = tr.hbm_tensor(shape, dtype, name, shared=getattr(buffer, "name", "") == "shared_hbm")
+        t.memory_name = getattr(buffer, "name", "hbm")
+        return t
     if len(shape) < 1:
         raise ValueError(f"an SBUF/PSUM tensor needs a partition dimension, got shape {shape}")
     declared = dtype
@@ -286,7 +288,7 @@ def issue(kind, name, dst, srcs=(), fns=(), scalars=(), ints=(), mask=None, cons
         k, idx = v.indirect
         accesses.append(idx.access(roles[i] + "_index"))
         ints = [i, len(accesses) - 1, v.tensor.strides[k], v.tensor.shape[k], int(oob_skip), int(accumulate)]
-    tr.program.emit(kind, name, accesses, list(fns), [float(s) for s in scalars], [int(i) for i in ints],
+    tr.program.emit(kind, name, accesses, list(fns), [_fp32_scalar(s) for s in scalars], [int(i) for i in ints],
                     mask_t.contiguous() if mask_t is not None else None, constant, "", dyn_srcs)
     tr.count(name)
     if tr.loops and kind != "print":
@@ -298,6 +300,19 @@ def issue(kind, name, dst, srcs=(), fns=(), scalars=(), ints=(), mask=None, cons
         # the instruction making a result tile, which assigning may redirect (retarget); no
         # reference to the tile here: retarget tells a result nothing holds by its refcount
         dst.tensor._producer = (tr.program.num_instructions, tuple(w.consts), tuple(w.sizes), tuple(w.coeffs))
+
+
+_FLT_MAX = float(np.finfo(np.float32).max)
+
+
+def _fp32_scalar(s):
+    """An immediate as the engines hold it: fp32 (``-3.4028235e38``, a hair past FLT_MAX as a
+    double, is -FLT_MAX; larger magnitudes are infinite)."""
+    s = float(s)
+    if abs(s) > _FLT_MAX and math.isfinite(s):
+        with np.errstate(over="ignore"):
+            return float(np.float32(s))
+    return s
 
 
 def transpose_masked(src, dst, mask):

@@ -22,11 +22,15 @@ HBM, SBUF, PSUM = 0, 1, 2
 SBUF_BUFFER, PSUM_BUFFER, FIRST_HBM_BUFFER = 0, 1, 2
 
 
+_SPACES = {}  # the language's memory spaces by name (what NkiTensor.buffer returns)
+
+
 class MemorySpace:
     """``nl.sbuf``, ``nl.psum``, ``nl.hbm``, ``nl.shared_hbm``, ``nl.private_hbm``."""
 
     def __init__(self, name, space):
         self.name, self.space = name, space
+        _SPACES.setdefault(name, self)
 
     def __repr__(self):
         return f"nl.{self.name}"
@@ -243,7 +247,7 @@ class NkiTensor(TileMath):
 
     def __init__(self, trace, buffer, space, shape, dtype, strides, byte_offset=0, partition_axis=0, name="",
                  tile=-1):
-        self.trace, self.buffer, self.space = trace, buffer, space
+        self.trace, self.bufidx, self.space = trace, buffer, space
         self.shape, self.tdtype = tuple(int(s) for s in shape), dtype
         self.strides, self.byte_offset = tuple(strides), byte_offset
         self.partition_axis, self.name = partition_axis, name
@@ -256,6 +260,16 @@ class NkiTensor(TileMath):
     declared = None  # the dtype a kernel asked for when stored wider (NKI_PRECISE_FP=0)
     block_locs = None  # manual placement with unevenly spaced blocks: block index -> arena byte offset
     serial = -1        # creation order in the trace (kernel arguments: -1)
+    memory_name = None  # the memory space it was allocated in ("shared_hbm", ...); None: by its space
+
+    @property
+    def buffer(self):
+        """The memory space the tensor lives in (``t.buffer == nl.sbuf``), as NKI reports it."""
+        base = self
+        while getattr(base, "_base", None) is not None:
+            base = base._base
+        name = base.memory_name or {HBM: "hbm", SBUF: "sbuf", PSUM: "psum"}[self.space]
+        return _SPACES.get(name, name)
 
     @property
     def dtype(self):
@@ -288,11 +302,11 @@ class NkiTensor(TileMath):
             raise ValueError(f"cannot reshape {self.shape} into {shape}")
         row = lambda sh: [math.prod(sh[k + 1:]) for k in range(len(sh))]  # noqa: E731
         if self.space == HBM and list(self.strides) == row(self.shape):
-            alias = NkiTensor(self.trace, self.buffer, self.space, shape, self.tdtype, row(shape), self.byte_offset,
+            alias = NkiTensor(self.trace, self.bufidx, self.space, shape, self.tdtype, row(shape), self.byte_offset,
                               None, self.name)
         elif (self.space != HBM and self.partition_axis == 0 and shape and shape[0] == self.shape[0]
               and list(self.strides[1:]) == row(self.shape)[1:]):
-            alias = NkiTensor(self.trace, self.buffer, self.space, shape, self.tdtype,
+            alias = NkiTensor(self.trace, self.bufidx, self.space, shape, self.tdtype,
                               [self.strides[0]] + row(shape)[1:], self.byte_offset, 0, self.name, self.tile)
         else:
             return self.view_all().reshape(shape)
@@ -329,6 +343,7 @@ class View(TileMath):
     ndim = property(lambda self: len(self.sizes))
     space = property(lambda self: self.tensor.space)
     buffer_space = property(lambda self: self.tensor.buffer_space)
+    buffer = property(lambda self: self.tensor.buffer)
 
     def view_all(self):
         return self
@@ -512,38 +527,48 @@ class View(TileMath):
         first; on-chip, the first pair walks partitions with step = elements per partition)."""
         if scalar_offset is not None and vector_offset is not None:
             raise ValueError(".ap(): scalar_offset and vector_offset are mutually exclusive")
-        if dtype is not None:
-            raise NotImplementedError(".ap(dtype=...) reinterpretation is not supported yet")
         t = self.tensor
         shape = t.shape
         row = [math.prod(shape[k + 1:]) for k in range(len(shape))]
+        # dtype=: the same bytes read as another dtype (pattern, offset and sizes in its elements)
+        new = to_dtype(dtype) if dtype is not None else t.tdtype
+        old_item, new_item = itemsize(t.tdtype), itemsize(new)
         if offset is None:
-            offset = sum(self.consts[k] * row[k] for k in range(len(shape)))
+            offset = sum(self.consts[k] * row[k] for k in range(len(shape))) * old_item // new_item
         sizes = [int(n) for _, n in pattern]
         indirect_dim = int(indirect_dim)
         if t.space == HBM:
             if list(t.strides) != row:
                 raise ValueError(".ap() on an HBM tensor needs its storage contiguous")
             if vector_offset is not None:
+                if new != t.tdtype:
+                    raise ValueError(".ap(vector_offset=) with dtype= is not supported")
                 return self._ap_rows(pattern, int(offset), vector_offset, indirect_dim)
-            flat = NkiTensor(t.trace, t.buffer, t.space, (math.prod(shape),), t.tdtype, (1,), t.byte_offset, None,
+            nbytes = math.prod(shape) * old_item
+            if nbytes % new_item:
+                raise ValueError(f".ap(dtype={new}): {nbytes} bytes are not a whole number of elements")
+            flat = NkiTensor(t.trace, t.bufidx, t.space, (nbytes // new_item,), new, (1,), t.byte_offset, None,
                              t.name)
             flat._base = t
-            dynamic = () if scalar_offset is None else [(0, _scalar_index(scalar_offset), row[indirect_dim])]
+            dynamic = () if scalar_offset is None else [
+                (0, _scalar_index(scalar_offset), row[indirect_dim] * old_item // new_item)]
             return View(flat, sizes, [int(offset)], [tuple(int(st) for st, _ in pattern)], dynamic=dynamic)
         if vector_offset is not None:
             raise ValueError(".ap(vector_offset=) indexes the rows of an HBM tensor (indirect_dim 0)")
         if scalar_offset is not None and indirect_dim == 0:
             raise ValueError(".ap(scalar_offset=) cannot select SBUF/PSUM partitions (indirect_dim 0)")
-        F = math.prod(shape[1:])
+        if (math.prod(shape[1:]) * old_item) % new_item or (t.strides[0] * old_item) % new_item:
+            raise ValueError(f".ap(dtype={new}): a partition's bytes are not a whole number of elements")
+        F = math.prod(shape[1:]) * old_item // new_item
         step0 = int(pattern[0][0])
         if F and step0 % F:
             raise ValueError(f".ap() partition step {step0} must be a multiple of the elements per partition ({F})")
-        flat = NkiTensor(t.trace, t.buffer, t.space, (shape[0], F), t.tdtype, (t.strides[0], 1), t.byte_offset, 0,
-                         t.name, t.tile)
+        flat = NkiTensor(t.trace, t.bufidx, t.space, (shape[0], F), new, (t.strides[0] * old_item // new_item, 1),
+                         t.byte_offset, 0, t.name, t.tile)
         flat._base = t
         po, fo = divmod(int(offset), F) if F else (int(offset), 0)
-        dynamic = () if scalar_offset is None else [(1, _scalar_index(scalar_offset), row[indirect_dim])]
+        dynamic = () if scalar_offset is None else [
+            (1, _scalar_index(scalar_offset), row[indirect_dim] * old_item // new_item)]
         return View(flat, sizes, [po, fo], [(step0 // F if F else 0,) + (0,) * (len(sizes) - 1),
                                             (0,) + tuple(int(st) for st, _ in pattern[1:])], dynamic=dynamic)
 
@@ -554,7 +579,7 @@ class View(TileMath):
             raise ValueError(".ap(vector_offset=) supports indirect_dim 0 only")
         t = self.tensor
         R, F = t.shape[0], math.prod(t.shape[1:])
-        rows = NkiTensor(t.trace, t.buffer, t.space, (R, F), t.tdtype, (F, 1), t.byte_offset, None, t.name)
+        rows = NkiTensor(t.trace, t.bufidx, t.space, (R, F), t.tdtype, (F, 1), t.byte_offset, None, t.name)
         rows._base = t
         iv = as_view(vector_offset)
         if iv.space != SBUF or math.prod(iv.sizes) != iv.sizes[0] or iv.sizes[0] != int(pattern[0][1]):
@@ -648,7 +673,7 @@ class View(TileMath):
         if t.block_locs is not None:
             off += self._block_offsets(strides, item)
         if not self.dynamic:
-            return (t.buffer, t.tdtype, off, list(self.sizes), strides, role, t.tile)
+            return (t.bufidx, t.tdtype, off, list(self.sizes), strides, role, t.tile)
         if dyn_srcs is None:
             raise ValueError(f"{role}: a run-time index is not supported on this operand")
         if t.block_locs is not None:
@@ -668,7 +693,7 @@ class View(TileMath):
             dyn_srcs.append(sv.access(role + "_offset"))
             entries.append((len(dyn_srcs) - 1, scale * t.strides[k], vlo, vhi,
                             f"dimension {k} of {t.name or 'the tensor'} (size {n})"))
-        return (t.buffer, t.tdtype, off, list(self.sizes), strides, role, t.tile, entries)
+        return (t.bufidx, t.tdtype, off, list(self.sizes), strides, role, t.tile, entries)
 
     def _block_offsets(self, strides, item):
         """The arena offset of the first block this access touches; adds the byte step between

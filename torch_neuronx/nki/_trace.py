@@ -153,10 +153,10 @@ class _Launcher:
         params = list(args) + list(kwargs.values())
         numpy_in = any(isinstance(a, np.ndarray) for a in params)
         tensors, key, device = [], [self.grid], None
-        conv_args = []
+        conv_args, copies = [], []
         for a in args:
-            conv_args.append(self._tensor_arg(a, tensors, key))
-        conv_kwargs = {n: self._tensor_arg(v, tensors, key, n) for n, v in kwargs.items()}
+            conv_args.append(self._tensor_arg(a, tensors, key, copies=copies))
+        conv_kwargs = {n: self._tensor_arg(v, tensors, key, n, copies) for n, v in kwargs.items()}
         for t in tensors:
             if t.device.type not in ("cpu", "meta"):
                 if device is not None and t.device != device:
@@ -182,11 +182,18 @@ class _Launcher:
             outs = [torch.empty(shape, dtype=dtype, device=tensors[0].device) for shape, dtype in cached.hbm]
             return self._results(cached.result, tensors, outs, False)
         outs = self._run(cached, tensors, device)
+        for orig, dense in copies:
+            orig[...] = dense
         as_numpy = numpy_in if k.numpy_results is None else k.numpy_results
         return self._results(cached.result, tensors, outs, as_numpy)
 
-    def _tensor_arg(self, a, tensors, key, name=None):
+    def _tensor_arg(self, a, tensors, key, name=None, copies=None):
         if isinstance(a, np.ndarray):
+            if not a.flags.c_contiguous:  # HBM tensors are dense row-major: a copy, written back after the run
+                dense = np.ascontiguousarray(a)
+                if copies is not None:
+                    copies.append((a, dense))
+                a = dense
             a = _np_to_torch(a)
         if isinstance(a, torch.Tensor):
             idx = len(tensors)
@@ -292,7 +299,7 @@ def _result_spec(r, tr):
     if r is None:
         return None
     if isinstance(r, NkiTensor):
-        return ("__buf__", r.buffer - FIRST_HBM_BUFFER, r.shape)
+        return ("__buf__", r.bufidx - FIRST_HBM_BUFFER, r.shape)
     if isinstance(r, (list, tuple)):
         items = [_result_spec(x, tr) for x in r]
         return items if isinstance(r, list) else tuple(items)

@@ -175,9 +175,36 @@ def tensor_tensor(data1, data2, op, *, dtype=None, mask=None, engine=engine.unkn
         raise ValueError(f"number of partitions (dimension 0 size of a tile) mismatch in parameters "
                          f"(data1{list(a.sizes)}, data2{list(b.sizes)}) of 'tensor_tensor'")
     t, d = _out(a, to_dtype(dtype) or nl.result_dtype(a, b), dst=_dst)
-    issue("tensor_tensor", "tensor_tensor", d, [a, b if b.sizes == a.sizes else b.reshape(a.sizes)], fns=[_op(op)],
-          mask=mask, roles=["dst", "data1", "data2"])
+    d, a, b = _aligned([d, a, b])
+    issue("tensor_tensor", "tensor_tensor", d, [a, b], fns=[_op(op)], mask=mask, roles=["dst", "data1", "data2"])
     return t
+
+
+def _aligned(views):
+    """Operands with the same partitions and elements per partition, viewed in one shape: the
+    engine walks each in row-major order, so their free shapes are split to a common refinement
+    (splitting a dim keeps an access affine; merging need not). The first's shape if none exists."""
+    shapes = [tuple(v.sizes[1:]) for v in views]
+    if len(set(shapes)) == 1:
+        return views
+    cuts = set()
+    for sh in shapes:  # the element counts at which some operand's dims wrap, from the innermost
+        c = 1
+        for n in reversed(sh):
+            c *= n
+            cuts.add(c)
+    total = math.prod(shapes[0])
+    order = sorted(x for x in cuts if x <= total)
+    common, prev = [], 1
+    for c in order:
+        if c % prev:
+            return [views[0]] + [v if tuple(v.sizes) == tuple(views[0].sizes) else v.reshape(views[0].sizes)
+                                 for v in views[1:]]
+        if c // prev > 1:
+            common.insert(0, c // prev)
+        prev = c
+    shape = (views[0].sizes[0],) + tuple(common)
+    return [v if tuple(v.sizes) == shape else v.reshape(shape) for v in views]
 
 
 def _scalar_operand(x, srcs, roles, role):

@@ -109,5 +109,38 @@ def is_on_chip(buffer):
     return buffer is sbuf or buffer is psum
 
 
-class NKIObject:
+class _NKIObjectType(type):
+    """NKI's frontend builds an ``NKIObject`` from keyword arguments naming its attributes, even
+    where Python's ``@dataclass`` made no such parameter (unannotated class attributes) or one
+    is left out: constructed the same way here when the ordinary call does not fit."""
+
+    def __call__(cls, *args, **kwargs):
+        import dataclasses
+        import inspect
+        try:
+            if cls.__init__ is object.__init__ and (args or kwargs):
+                raise TypeError
+            inspect.signature(cls.__init__).bind(None, *args, **kwargs)
+        except TypeError:
+            obj = cls.__new__(cls)
+            fields = list(getattr(cls, "__dataclass_fields__", {}).values())
+            for f in fields:
+                if f.default is not dataclasses.MISSING:
+                    setattr(obj, f.name, f.default)
+                elif f.default_factory is not dataclasses.MISSING:
+                    setattr(obj, f.name, f.default_factory())
+                else:
+                    setattr(obj, f.name, None)
+            names = [f.name for f in fields] or list(getattr(cls, "__annotations__", {}))
+            if len(args) > len(names):
+                raise TypeError(f"{cls.__name__}() takes {len(names)} positional arguments, got {len(args)}") from None
+            for name, value in [*zip(names, args), *kwargs.items()]:
+                setattr(obj, name, value)
+            if hasattr(obj, "__post_init__"):
+                obj.__post_init__()
+            return obj
+        return super().__call__(*args, **kwargs)
+
+
+class NKIObject(metaclass=_NKIObjectType):
     """Base class of user dataclasses passed to kernels (plain Python objects here)."""

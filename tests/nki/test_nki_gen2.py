@@ -1,0 +1,151 @@
+"""Gen-2 (NKI 0.6) behaviours the NKI library relies on: ``tensor.buffer`` is the memory space,
+``NKIObject`` built from keywords, ``.ap(dtype=)`` reinterprets bytes, operands of one element
+count in different shapes, unary ALU operators, a stride-0 destination, fp32 immediates, and
+NumPy arguments that are not row-major."""
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from torch_neuronx import nki
+import torch_neuronx.nki.v2.isa as nisa
+import torch_neuronx.nki.v2.language as nl
+
+
+def _sbuf(x):
+    t = nl.ndarray(x.shape, x.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=x)
+    return t
+
+
+def test_tensor_buffer_is_its_memory_space():
+    seen = {}
+
+    @nki.jit
+    def k(x):
+        out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
+        t = _sbuf(x)
+        p = nl.ndarray((128, 4), nl.float32, buffer=nl.psum)
+        seen.update(arg=x.buffer, sbuf=t.buffer, psum=p.buffer, out=out.buffer, view=t[:, 0:2].buffer)
+        nisa.dma_copy(dst=out, src=t)
+        return out
+    k(np.zeros((128, 4), np.float32))
+    assert seen == {"arg": nl.hbm, "sbuf": nl.sbuf, "psum": nl.psum, "out": nl.shared_hbm, "view": nl.sbuf}
+    assert seen["sbuf"] is nl.sbuf and seen["out"] in (nl.hbm, nl.shared_hbm, nl.private_hbm)
+
+
+def test_nki_object_from_keywords():
+    @dataclass
+    class Params(nl.NKIObject):
+        scale = None      # unannotated: no dataclass field
+        shift = 1.0
+
+    class Dims(nl.NKIObject):
+        rows: int
+
+    @dataclass
+    class Partial(nl.NKIObject):
+        a: int
+        b: float
+
+    assert Dims(rows=3).rows == 3 and Partial(a=1).b is None and Partial(1, 2.0).b == 2.0
+
+    @nki.jit
+    def k(x):
+        p = Params(scale=2.0)
+        out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
+        t = _sbuf(x)
+        nisa.tensor_scalar(dst=t, data=t, op0=nl.multiply, operand0=p.scale, op1=nl.add, operand1=p.shift)
+        nisa.dma_copy(dst=out, src=t)
+        return out
+    x = np.random.rand(128, 8).astype(np.float32)
+    assert np.allclose(k(x), 2 * x + 1)
+
+
+def test_ap_dtype_reinterprets_bytes():
+    @nki.jit
+    def k(x):
+        same = nl.ndarray((128, 64), nl.float32, buffer=nl.shared_hbm)
+        t = nl.ndarray((128, 64), nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=x.ap(pattern=[[64, 128], [1, 64]], offset=0, dtype=x.dtype))
+        nisa.dma_copy(dst=same, src=t)
+        raw = nl.ndarray((128, 256), nl.uint8, buffer=nl.shared_hbm)  # each fp32 as its 4 bytes
+        nisa.dma_copy(dst=raw, src=t.ap(pattern=[[256, 128], [1, 256]], dtype=nl.uint8))
+        return same, raw
+    x = np.random.rand(128, 64).astype(np.float32)
+    same, raw = k(x)
+    assert np.array_equal(same, x)
+    assert np.array_equal(raw.view(np.float32), x)
+
+
+def test_operands_of_one_element_count_in_different_shapes():
+    # qk (128, 1280) minus a per-(row, head) max broadcast over 20 columns: (128, 64, 20)
+    @nki.jit
+    def k(qk, m):
+        out = nl.ndarray(qk.shape, qk.dtype, buffer=nl.shared_hbm)
+        a, mx = _sbuf(qk), _sbuf(m)
+        r = nl.ndarray(qk.shape, qk.dtype, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=r, data1=a, data2=mx.ap(pattern=[[64, 128], [1, 64], [0, 20]]), op=nl.subtract)
+        nisa.dma_copy(dst=out, src=r)
+        return out
+    qk = np.random.rand(128, 1280).astype(np.float32)
+    m = np.random.rand(128, 64).astype(np.float32)
+    assert np.allclose(k(qk, m), (qk.reshape(128, 64, 20) - m[:, :, None]).reshape(128, 1280))
+
+
+def test_unary_alu_operators_and_a_stride_0_destination():
+    @nki.jit
+    def k(x):
+        out = nl.ndarray((2, 128, 64), nl.float32, buffer=nl.shared_hbm)
+        t = _sbuf(x)
+        a = nl.ndarray((128, 64), nl.float32, buffer=nl.sbuf)
+        amax = nl.ndarray((128, 1), nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar_reduce(dst=a, data=t, op0=nl.abs, operand0=0.0, reduce_op=nl.maximum, reduce_res=amax)
+        nisa.dma_copy(dst=out[0], src=a)
+        junk = nl.ndarray((128, 1), nl.float32, buffer=nl.sbuf)
+        sq = nl.ndarray((128, 1), nl.float32, buffer=nl.sbuf)  # only the reduction is wanted
+        nisa.activation_reduce(dst=junk.ap(pattern=[[1, 128], [0, 64]]), op=nl.square, data=t, reduce_op=nl.add,
+                               reduce_res=sq)
+        r = nl.ndarray((128, 64), nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=r, data=t, op0=nl.multiply, operand0=0.0, op1=nl.add, operand1=sq)
+        nisa.tensor_tensor(dst=r, data1=r, data2=t, op=nl.subtract)
+        nisa.tensor_scalar(dst=r, data=r, op0=nl.add, operand0=amax)
+        nisa.dma_copy(dst=out[1], src=r)
+        return out
+    x = np.random.default_rng(0).normal(size=(128, 64)).astype(np.float32)
+    out = k(x)
+    assert np.array_equal(out[0], np.abs(x))
+    expect = (x * x).sum(1, keepdims=True) - x + np.abs(x).max(1, keepdims=True)
+    assert np.allclose(out[1], expect, rtol=1e-5, atol=1e-4)
+
+
+def test_fp32_immediates_and_non_row_major_numpy_arguments():
+    @nki.jit
+    def k(x):
+        out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
+        t = _sbuf(x)
+        # -3.4028235e38 as Python writes float32's minimum (a double a hair past it)
+        nisa.tensor_scalar(dst=t, data=t, op0=nl.maximum, operand0=-3.4028235e38)
+        nisa.dma_copy(dst=out, src=t.ap(pattern=[[32, 128], [1, 32]]))
+        return out
+    base = np.random.rand(32, 128).astype(np.float32)
+    x = base.T  # column-major: HBM arguments are dense row-major, as on NKI
+    assert not x.flags.c_contiguous
+    assert np.array_equal(k(x), x)
+
+    @nki.jit
+    def writes(x):
+        t = _sbuf(x)
+        nisa.tensor_scalar(dst=t, data=t, op0=nl.multiply, operand0=2.0)
+        nisa.dma_copy(dst=x, src=t)
+    y = np.asfortranarray(np.random.rand(128, 16).astype(np.float32))
+    expect = 2 * y
+    writes(y)
+    assert np.array_equal(y, expect)  # written back into the caller's array
+
+
+def test_nki_object_positional_overflow_is_an_error():
+    class Dims(nl.NKIObject):
+        rows: int
+    with pytest.raises(TypeError, match="takes 1 positional arguments, got 2"):
+        Dims(1, 2)
