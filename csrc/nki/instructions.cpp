@@ -159,6 +159,8 @@ void execute(const Instruction& ins, const std::vector<at::Tensor>& v, RunState&
     case Kind::kCopy:
       if (ins.ints.size() >= 6) {
         copy_indirect(ins, v);
+      } else if (!ins.ints.empty() && ins.ints[0]) {  // DMA read-modify-write: dst += src, in fp32
+        write(ins, dst, f32(dst) + f32(v[1]));
       } else {
         write(ins, dst, v[1]);
       }

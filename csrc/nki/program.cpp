@@ -115,7 +115,8 @@ void Program::drop_overwritten_fills() {
         continue;
       }
       const Access& d = next.ops[0];
-      const bool indirect = next.kind == Kind::kCopy && next.ints.size() >= 6;  // may skip rows
+      // an indirect copy may skip rows; an accumulating one reads dst
+      const bool indirect = next.kind == Kind::kCopy && !next.ints.empty();
       bool whole = next.kind != Kind::kPrint && !next.mask && !indirect && d.dynamic.empty() && d.tile == f.tile && d.byte_offset == f.byte_offset &&
                    d.dtype == f.dtype && d.sizes == f.sizes && d.strides == f.strides;
       for (size_t k = 1; whole && k < next.ops.size(); ++k) whole = next.ops[k].tile != f.tile;

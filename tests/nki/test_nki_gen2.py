@@ -149,3 +149,74 @@ def test_nki_object_positional_overflow_is_an_error():
         rows: int
     with pytest.raises(TypeError, match="takes 1 positional arguments, got 2"):
         Dims(1, 2)
+
+
+def test_dma_compute_sums_and_read_modify_writes(tmp_path):
+    np.save(tmp_path / "bias.npy", np.full((128, 32), 0.5, np.float32))
+
+    @nki.jit
+    def k(a, b, idx):
+        out = nl.ndarray((128, 32), nl.float32, buffer=nl.shared_hbm)
+        x, y = _sbuf(a), _sbuf(b)
+        s = nl.ndarray((128, 32), nl.float32, buffer=nl.sbuf)
+        nisa.dma_compute(dst=s, srcs=[x, y], reduce_op=nl.add)              # s = a + b
+        c = nl.shared_constant(str(tmp_path / "bias.npy"))                 # a constant from a .npy file
+        nisa.dma_compute(dst=s, srcs=[c, s], reduce_op=nl.add, scales=[1.0, 1.0])  # s += 0.5 (RMW)
+        nisa.dma_copy(dst=out, src=s)
+        table = nl.ndarray((1000, 32), nl.float32, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=table, src=nl.shared_constant(np.zeros((1000, 32), np.float32)))
+        r = nl.ndarray((128, 1), nl.int32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=r, src=idx)
+        rows = table.ap([[32, 128], [1, 32]], offset=0, vector_offset=r, indirect_dim=0)
+        nisa.dma_compute(dst=rows, srcs=[rows, s], reduce_op=nl.add)       # scatter-add into the rows
+        return out, table
+    a = np.random.rand(128, 32).astype(np.float32)
+    b = np.random.rand(128, 32).astype(np.float32)
+    idx = np.random.default_rng(4).permutation(1000)[:128].reshape(128, 1).astype(np.int32)
+    out, table = k(a, b, idx)
+    assert np.allclose(out, a + b + 0.5)
+    expect = np.zeros((1000, 32), np.float32)
+    expect[idx[:, 0]] = a + b + 0.5
+    assert np.allclose(table, expect)
+    with pytest.raises(ValueError, match="reduce_op=nl.add only"):
+        nki.jit(lambda a, b, idx: nisa.dma_compute(dst=_sbuf(a), srcs=[_sbuf(a)], reduce_op=nl.maximum))(a, b, idx)
+
+
+def test_packed_mx_dtypes_and_gen2_names_exist():
+    import torch_neuronx.nki.v2 as nki2
+    for name in ("float8_e4m3fn_x4", "float8_e5m2_x4", "float4_e2m1fn_x4", "float8_e8m0fnu"):
+        assert isinstance(getattr(nl, name), nki2.dtype)
+    assert nl.float8_e4m3fn_x4.itemsize == 4 and nl.float4_e2m1fn_x4.itemsize == 2
+    assert nisa.dma_engine.dma.value == 1
+
+    @nki.jit
+    def k(words):  # packed words move through memory unchanged
+        out = nl.ndarray(words.shape, nl.float8_e4m3fn_x4, buffer=nl.shared_hbm)
+        t = nl.ndarray(words.shape, nl.float8_e4m3fn_x4, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=words)
+        nisa.dma_copy(dst=out, src=t)
+        return out
+    w = np.random.default_rng(5).integers(0, 2**32, size=(128, 8), dtype=np.uint32).view(nl.float8_e4m3fn_x4)
+    assert np.array_equal(np.asarray(k(w)).view(np.uint32), w.view(np.uint32))
+
+
+def test_gen2_range_select():
+    @nki.jit
+    def k(x, lo, hi):
+        out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
+        red = nl.ndarray((x.shape[0], 1), x.dtype, buffer=nl.shared_hbm)
+        t, b0, b1 = _sbuf(x), _sbuf(lo), _sbuf(hi)
+        r = nl.ndarray(x.shape, x.dtype, buffer=nl.sbuf)
+        m = nl.ndarray((x.shape[0], 1), x.dtype, buffer=nl.sbuf)
+        nisa.range_select(dst=r, on_true_tile=t, comp_op0=nl.greater_equal, comp_op1=nl.less, bound0=b0, bound1=b1,
+                          reduce_res=m, reduce_op=nl.maximum, range_start=10)
+        nisa.dma_copy(dst=out, src=r)
+        nisa.dma_copy(dst=red, src=m)
+        return out, red
+    x = np.random.rand(128, 64).astype(np.float32)
+    lo = np.full((128, 1), 20, np.float32)
+    hi = np.full((128, 1), 50, np.float32)
+    out, red = k(x, lo, hi)
+    i = 10 + np.arange(64)
+    ref = np.where((i >= 20) & (i < 50), x, np.finfo(np.float32).min)
+    assert np.array_equal(out, ref) and np.array_equal(red[:, 0], ref.max(1))

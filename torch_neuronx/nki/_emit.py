@@ -280,6 +280,8 @@ def issue(kind, name, dst, srcs=(), fns=(), scalars=(), ints=(), mask=None, cons
     dyn_srcs = []
     accesses = [v.access(r, dyn_srcs) for v, r in zip(ops, roles)]
     ints = list(ints)
+    if kind == "copy" and accumulate:
+        ints = [1]  # dst += src (an indirect copy below sets its own)
     for i, v in enumerate(ops):
         if v.indirect is None:
             continue

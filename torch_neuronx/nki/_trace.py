@@ -97,18 +97,20 @@ def _grid_dims(grid):
 
 
 def _np_to_torch(a):
-    if a.dtype.name in ("bfloat16", "float8_e4m3", "float8_e4m3fn", "float8_e5m2"):
+    if a.dtype.name in ("bfloat16", "float8_e4m3", "float8_e4m3fn", "float8_e5m2", "float8_e8m0fnu"):
         raw = torch.from_numpy(a.view(np.uint16 if a.dtype.itemsize == 2 else np.uint8))
         return raw.view(to_dtype(a.dtype.name))
+    if a.dtype.names:  # a packed MX type (nl.float8_e4m3fn_x4 ...): its raw words
+        return torch.from_numpy(a.view(a.dtype[0]))
     return torch.from_numpy(a)
 
 
 def _torch_to_np(t):
-    if t.dtype in (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2):
+    if t.dtype in (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e8m0fnu):
         try:
             import ml_dtypes  # noqa: F401
             name = {torch.bfloat16: "bfloat16", torch.float8_e4m3fn: "float8_e4m3fn",
-                    torch.float8_e5m2: "float8_e5m2"}[t.dtype]
+                    torch.float8_e5m2: "float8_e5m2", torch.float8_e8m0fnu: "float8_e8m0fnu"}[t.dtype]
             raw = t.view(torch.int16 if t.dtype == torch.bfloat16 else torch.uint8).numpy()
             return raw.view(np.dtype(name))
         except ImportError:

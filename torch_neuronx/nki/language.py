@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import builtins
 import math
+import os
 
 import numpy as np
 import torch
@@ -13,7 +14,7 @@ from . import _emit, _loops
 from ._emit import current, issue, new_tensor, new_tile, require_space, result_dtype
 from ._index import DynSlice, IndexExpr, Mask, arange, ds, mgrid  # noqa: F401
 from ._tensor import (HBM, PSUM, SBUF, MemorySpace, NkiTensor, View, as_view, is_tile, nki_dtype,  # noqa: F401
-                      par_dim, to_dtype)
+                      packed_dtype, par_dim, to_dtype)
 
 # -- dtypes: NumPy dtypes (ml_dtypes for bf16/fp8), as in neuronxcc, so test code can
 # write ``np.zeros(shape, dtype=nl.float16)``; the core stores them as torch dtypes.
@@ -23,6 +24,9 @@ bfloat16 = nki_dtype(torch.bfloat16)
 tfloat32 = np.dtype("V4")  # an opaque 4-byte type, stored as fp32 (tf32 rounding of matmul inputs not modelled)
 float8_e4m3 = nki_dtype(torch.float8_e4m3fn)
 float8_e5m2 = nki_dtype(torch.float8_e5m2)
+float8_e8m0fnu = np.dtype("float8_e8m0fnu") if "float8_e8m0fnu" in np.sctypeDict else torch.float8_e8m0fnu
+float8_e4m3fn_x4, float8_e5m2_x4, float4_e2m1fn_x4 = (
+    packed_dtype(n) for n in ("float8_e4m3fn_x4", "float8_e5m2_x4", "float4_e2m1fn_x4"))
 int8, int16, int32 = np.dtype(np.int8), np.dtype(np.int16), np.dtype(np.int32)
 uint8, uint16, uint32 = np.dtype(np.uint8), np.dtype(np.uint16), np.dtype(np.uint32)
 bool_ = np.dtype(np.bool_)
@@ -106,7 +110,9 @@ def _buffer_of(a):
 
 
 def shared_constant(constant, dtype=None, **kwargs):
-    """An HBM tensor holding a host constant (a NumPy array)."""
+    """An HBM tensor holding a host constant (a NumPy array, or the path of a ``.npy`` file)."""
+    if isinstance(constant, (str, os.PathLike)):
+        constant = np.load(constant)
     arr = np.asarray(constant)
     dt = to_dtype(dtype) if dtype is not None else to_dtype(arr.dtype)
     t = new_tensor(arr.shape, dt, shared_hbm, "constant")

@@ -372,12 +372,8 @@ def dma_copy(*, dst, src, mask=None, dst_rmw_op=None, oob_mode=oob_mode.error, d
                          f"src={math.prod(s.sizes)}, dst={math.prod(d.sizes)}")
     s = s if s.sizes == d.sizes else s.reshape(d.sizes)
     skip = int(oob_mode) == int(globals()["oob_mode"].skip)
-    if dst_rmw_op is not None:
-        if nl._op_name(dst_rmw_op) != "add":
-            raise ValueError("dma_copy dst_rmw_op supports only np.add")
-        if d.indirect is None:
-            issue("tensor_tensor", "dma_copy", d, [d, s], fns=["add"], mask=mask, roles=["dst", "dst", "src"])
-            return
+    if dst_rmw_op is not None and nl._op_name(dst_rmw_op) != "add":
+        raise ValueError("dma_copy dst_rmw_op supports only np.add")
     issue("copy", "dma_copy", d, [s], mask=mask, roles=["dst", "src"], oob_skip=skip,
           accumulate=dst_rmw_op is not None)
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import functools
 
+from numpy import dtype  # noqa: F401 - nki.dtype: the type of NKI dtypes (kernels annotate with it)
+
 from .. import _trace
 from .. import typing  # noqa: F401
 from . import isa, language  # noqa: F401

@@ -18,7 +18,7 @@ from ..language import (  # noqa: F401
     prod, program_id, program_ndim, psum, rand, random_seed, reciprocal, relu, right_shift, rsqrt, sbuf, shared_hbm,
     sigmoid, sign, silu, silu_dx, sin, softmax, softplus, sqrt, square, store, subtract, sum, tan, tanh, tfloat32,
     tile_size, transpose, trunc, uint8, uint16, uint32, where, abs_max, all, var, rms_norm, dropout, device_print,
-    shared_constant)
+    shared_constant, float8_e8m0fnu, float8_e4m3fn_x4, float8_e5m2_x4, float4_e2m1fn_x4)
 from ..language import nki_dtype as _nki_dtype
 
 import torch as _torch

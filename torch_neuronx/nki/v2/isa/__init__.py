@@ -48,6 +48,11 @@ class oob_mode(enum.Enum):
     skip = 1
 
 
+class dma_engine(enum.Enum):
+    dma = 1
+    gpsimd_dma = 2
+
+
 class matmul_perf_mode(enum.Enum):
     none = "none"
     double_row = "double_row"
@@ -229,6 +234,33 @@ def sequence_bounds(dst, segment_ids, name=None):
 
 def local_gather(dst, src_buffer, index, num_elem_per_idx=1, num_valid_indices=None, name=None):
     _g1.local_gather(src_buffer, index, num_elem_per_idx, num_valid_indices, _dst=dst)
+
+
+def range_select(dst, on_true_tile, comp_op0, comp_op1, bound0, bound1, reduce_cmd=reduce_cmd.reset_reduce,
+                 reduce_res=None, reduce_op=_nl.maximum, range_start=0, on_false_value=-3.4028234663852886e38,
+                 name=None):
+    _g1.range_select(on_true_tile=on_true_tile, comp_op0=comp_op0, comp_op1=comp_op1, bound0=bound0, bound1=bound1,
+                     reduce_res=reduce_res, reduce_op=reduce_op, range_start=range_start,
+                     on_false_value=on_false_value, dtype=_dt(dst), _dst=dst)
+
+
+def dma_compute(dst, srcs, reduce_op, scales=None, unique_indices=True, oob_mode=oob_mode.error, name=None):
+    """``dst = srcs[0] * scales[0] + srcs[1] * scales[1] + ...`` on the DMA engines (fp32 inside);
+    a source that is ``dst`` itself (indirect or not) makes it a read-modify-write."""
+    if _nl._op_name(reduce_op) != "add":
+        raise ValueError("dma_compute supports reduce_op=nl.add only")
+    if scales is not None and any(float(x) != 1.0 for x in scales):
+        raise ValueError("dma_compute supports scales of 1.0 only")
+    d = as_view(dst)
+    srcs = [as_view(x) for x in srcs]
+    same = [i for i, x in enumerate(srcs) if x.tensor is d.tensor and
+            (x.sizes, x.consts, x.coeffs, x.indirect) == (d.sizes, d.consts, d.coeffs, d.indirect)]
+    rest = [x for i, x in enumerate(srcs) if i not in same[:1]]
+    if not same:  # dst = the first source, then the others added
+        _g1.dma_copy(dst=dst, src=rest.pop(0))
+    skip = oob_mode == globals()["oob_mode"].skip
+    for x in rest:
+        _g1.dma_copy(dst=dst, src=x, dst_rmw_op=_nl.add, oob_mode=_g1.oob_mode.skip if skip else _g1.oob_mode.error)
 
 
 def tensor_copy_predicated(dst, src, predicate, reverse_pred=False, name=None):
