@@ -229,3 +229,39 @@ def test_a_failed_kernel_leaves_the_device_usable():
         nki.jit(bad)(torch.zeros(256, 1024, device="neuron"))
     x = torch.ones(4, device="neuron")
     assert (x + 1).cpu().tolist() == [2, 2, 2, 2]
+
+
+def test_affine_range_iterations_writing_one_element_collide():
+    def collide(a):
+        out = nl.ndarray((128, 512), nl.float32, buffer=nl.shared_hbm)
+        for i in nl.affine_range(4):
+            x = nl.load(a[0:128, 0:512])
+            nl.store(out[0:128, 0:512], value=nl.add(x, float(i)))  # every iteration writes all of out
+        return out
+    raises(collide, ValueError, r"affine_range iterations 0 and 1 both write .*must be independent; use "
+                                r"sequential_range")
+
+    def sequential(a):  # the same loop, declared dependent: last iteration wins
+        out = nl.ndarray((128, 512), nl.float32, buffer=nl.shared_hbm)
+        for i in nl.sequential_range(4):
+            nl.store(out[0:128, 0:512], value=nl.add(nl.load(a[0:128, 0:512]), float(i)))
+        return out
+    a = np.random.rand(256, 1024).astype(np.float32)
+    assert np.allclose(run(sequential, a), a[:128, :512] + 3)
+
+    def allowed(a):  # disjoint slices, accumulation, loop-local tiles and manually aliased blocks
+        out = nl.ndarray((128, 512), nl.float32, buffer=nl.shared_hbm)
+        acc = nl.zeros((128, 512), nl.float32, buffer=nl.psum)
+        buf = nl.ndarray((2, nl.par_dim(128), 128), nl.float32,
+                         buffer=nl.sbuf.mod_alloc(base_addr=0, num_free_tiles=(1,)))
+        for k in nl.affine_range(2):
+            lhs = nl.load(a[k * 128:(k + 1) * 128, 0:128])
+            acc += nisa.nc_matmul(lhs, nl.load(a[k * 128:(k + 1) * 128, 0:512]))
+            buf[k] = nl.load(a[0:128, k * 128:(k + 1) * 128])
+            nl.store(out[0:128, k * 128:(k + 1) * 128], value=buf[k])
+        nl.store(out[0:128, 256:512], value=nl.copy(acc[0:128, 256:512]))
+        return out
+    out = run(allowed, a)
+    assert np.allclose(out[:, :256], a[:128, :256])
+    ref = a[0:128, 0:128].T @ a[0:128, 0:512] + a[128:256, 0:128].T @ a[128:256, 0:512]
+    assert np.allclose(out[:, 256:], ref[:, 256:], rtol=1e-4)

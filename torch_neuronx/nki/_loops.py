@@ -22,7 +22,7 @@ class LoopFrame:
 
     def __init__(self, affine, mark):
         self.affine, self.mark, self.iteration = affine, mark, 0
-        self.owners = {}  # (buffer, tile) -> int32 array of the writing iteration, -1 unwritten
+        self.owners = {}  # id(tensor) -> (int32 array of the writing iteration, -1 unwritten; the tensor)
 
 
 class SymbolicRange:
@@ -61,65 +61,53 @@ def base_of(t):
     return t
 
 
-def check_writes(tr, view, access, mask_t, accumulate, where):
+def check_writes(tr, view, mask_t, accumulate, where):
     """Records the elements an instruction writes in the enclosing affine loops; raises when
-    another iteration of one of them wrote one of them (for tensors made before the loop)."""
-    t = base_of(view.tensor)
-    frames = [f for f in tr.loops if f.affine and t.serial < f.mark]
-    if not frames or accumulate or view.indirect is not None or view.dynamic or t.block_locs is not None:
+    another iteration of one of them wrote one of them (for tensors made before the loop).
+    Elements are the tensor's own (row-major index), so blocks that a manual placement puts at
+    one address are still different elements, as NKI sees them."""
+    t = view.tensor
+    base = base_of(t)
+    frames = [f for f in tr.loops if f.affine and base.serial < f.mark]
+    if not frames or accumulate or view.indirect is not None or view.dynamic or t.tdtype != base.tdtype:
         return
-    offsets = _element_offsets(access, mask_t)
-    if offsets is None:
+    size = math.prod(base.shape)
+    if size > _OWNER_LIMIT or math.prod(t.shape) != size:
         return
-    key, size = _owner_key(t, access, offsets)
-    if key is None:
+    index = _element_indices(view, mask_t)
+    if index is None:
         return
     for f in frames:
-        owner = f.owners.get(key)
+        owner = f.owners.get(id(base))
         if owner is None:
-            owner = f.owners[key] = np.full(size, -1, np.int32)
-        prev = owner[offsets]
+            owner = f.owners[id(base)] = (np.full(size, -1, np.int32), base)  # base: keeps the id unique
+        prev = owner[0][index]
         clash = (prev >= 0) & (prev != f.iteration)
         if clash.any():
             other = int(prev[clash][0])
-            raise ValueError(f"affine_range iterations {other} and {f.iteration} both write {t.name or 'a tensor'} "
+            raise ValueError(f"affine_range iterations {other} and {f.iteration} both write {base.name or 'a tensor'} "
                              f"(at {where}): the iterations of an affine_range loop must be independent; use "
                              f"sequential_range when one iteration depends on another")
-        owner[offsets] = f.iteration
+        owner[0][index] = f.iteration
 
 
-def _element_offsets(access, mask_t):
-    """The element offsets an access writes (within its buffer/tile), or None when too many."""
-    _, dtype, off, sizes, strides = access[:5]
-    if not all(type(x) is int for x in (off, *sizes, *strides)):
+def _element_indices(view, mask_t):
+    """Row-major indices into the view's tensor of the elements it covers (those its mask keeps)."""
+    t = view.tensor
+    sizes = view.sizes
+    if not all(type(x) is int for x in (*sizes, *view.consts, *(c for co in view.coeffs for c in co))):
         return None  # symbolic (a fake-tensor trace with dynamic shapes)
     n = math.prod(sizes)
     if n == 0 or n > _OWNER_LIMIT:
         return None
-    item = dtype.itemsize
-    e = np.full(sizes, off // item, np.int64)
-    for d, (s, st) in enumerate(zip(sizes, strides)):
-        shape = [1] * len(sizes)
-        shape[d] = s
-        e = e + (np.arange(s, dtype=np.int64) * st).reshape(shape)
+    row = [math.prod(t.shape[k + 1:]) for k in range(len(t.shape))]
+    e = np.full(sizes, sum(c * r for c, r in zip(view.consts, row)), np.int64)
+    for d, s in enumerate(sizes):
+        step = sum(view.coeffs[k][d] * row[k] for k in range(len(row)))
+        if step:
+            shape = [1] * len(sizes)
+            shape[d] = s
+            e = e + (np.arange(s, dtype=np.int64) * step).reshape(shape)
     if mask_t is not None:
         e = e[mask_t.numpy()]
     return e.ravel()
-
-
-def _owner_key(t, access, offsets):
-    """(key, owner size) with offsets made compact: HBM tensors by element, on-chip tiles by
-    (partition, element within the partition)."""
-    if access[6] is None or access[6] < 0:  # HBM
-        size = math.prod(t.shape)
-        return ((access[0], -1), size) if size <= _OWNER_LIMIT and offsets.max() < size else (None, 0)
-    pstride = t.strides[t.partition_axis or 0]
-    extent = 1 + sum((s - 1) * st for d, (s, st) in enumerate(zip(t.shape, t.strides)) if d != (t.partition_axis or 0))
-    P = t.shape[t.partition_axis or 0]
-    if P * extent > _OWNER_LIMIT:
-        return None, 0
-    p, f = np.divmod(offsets - t.byte_offset // access[1].itemsize, pstride)  # from the tensor's first element
-    if p.min() < 0 or p.max() >= P or f.min() < 0 or f.max() >= extent:
-        return None, 0
-    offsets[:] = p * extent + f
-    return (access[0], access[6]), P * extent
