@@ -92,14 +92,20 @@ void bind(py::module& parent) {
       .def(py::init<int64_t>())
       .def("allocate",
            [](Program& p, int space, py::handle dtype, int64_t partitions, int64_t blocks, int64_t free_elems,
-              const std::string& what) {
-             return p.allocate(static_cast<Space>(space), dtype_of(dtype), partitions, blocks, free_elems, what);
-           })
+              const std::string& what, int core) {
+             return p.allocate(static_cast<Space>(space), dtype_of(dtype), partitions, blocks, free_elems, what, core);
+           },
+           py::arg("space"), py::arg("dtype"), py::arg("partitions"), py::arg("blocks"), py::arg("free_elems"),
+           py::arg("what"), py::arg("core") = 0)
+      .def("set_cores", &Program::set_cores)
       .def("allocate_at",
            [](Program& p, int space, py::handle dtype, int64_t partitions, int64_t free_elems,
-              const std::vector<std::pair<int64_t, int64_t>>& blocks, const std::string& what) {
-             return p.allocate_at(static_cast<Space>(space), dtype_of(dtype), partitions, free_elems, blocks, what);
-           })
+              const std::vector<std::pair<int64_t, int64_t>>& blocks, const std::string& what, int core) {
+             return p.allocate_at(static_cast<Space>(space), dtype_of(dtype), partitions, free_elems, blocks, what,
+                                  core);
+           },
+           py::arg("space"), py::arg("dtype"), py::arg("partitions"), py::arg("free_elems"), py::arg("blocks"),
+           py::arg("what"), py::arg("core") = 0)
       .def("finalize", [](Program& p) {
         try {
           p.finalize();

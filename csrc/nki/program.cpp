@@ -17,8 +17,13 @@ int64_t Access::numel() const {
 
 Program::Program(int64_t num_args) : num_args_(num_args) {}
 
+void Program::set_cores(int n) {
+  TORCH_CHECK(!finalized_ && n >= 1, "NKI program: set_cores(", n, ") after placement or below 1");
+  cores_ = n;
+}
+
 int Program::allocate(Space space, at::ScalarType dtype, int64_t partitions, int64_t blocks, int64_t free_elems,
-                      const std::string& what) {
+                      const std::string& what, int core) {
   TORCH_CHECK(!finalized_, "NKI program: allocation after the kernel was placed");
   const Target& t = target();
   if (partitions > t.partitions)
@@ -34,6 +39,7 @@ int Program::allocate(Space space, at::ScalarType dtype, int64_t partitions, int
   // PSUM blocks start on bank boundaries (a matmul accumulates into one bank).
   const int64_t stride = space == Space::kPsum ? t.psum_bank_bytes : block_bytes;
   Tile tile{space, blocks * stride, static_cast<int64_t>(code_.size()), static_cast<int64_t>(code_.size()), what};
+  tile.core = core;
   tiles_.push_back(tile);
   const int id = static_cast<int>(tiles_.size() - 1);
   // New tiles hold garbage on hardware: NaN (floats) or a sentinel (ints)
@@ -56,7 +62,7 @@ int Program::allocate(Space space, at::ScalarType dtype, int64_t partitions, int
 }
 
 int Program::allocate_at(Space space, at::ScalarType dtype, int64_t partitions, int64_t free_elems,
-                         const std::vector<std::pair<int64_t, int64_t>>& blocks, const std::string& what) {
+                         const std::vector<std::pair<int64_t, int64_t>>& blocks, const std::string& what, int core) {
   TORCH_CHECK(!finalized_, "NKI program: allocation after the kernel was placed");
   const Target& t = target();
   const int64_t item = static_cast<int64_t>(c10::elementSize(dtype));
@@ -64,6 +70,7 @@ int Program::allocate_at(Space space, at::ScalarType dtype, int64_t partitions, 
   const int64_t partition_bytes = space == Space::kPsum ? t.psum_partition_bytes : t.sbuf_partition_bytes;
   Tile tile{space, bytes, static_cast<int64_t>(code_.size()), static_cast<int64_t>(code_.size()), what, 0};
   tile.pinned = true;
+  tile.core = core;
   const int id = static_cast<int>(tiles_.size());
   for (size_t b = 0; b < blocks.size(); ++b) {
     const auto [part, addr] = blocks[b];
@@ -135,12 +142,26 @@ void Program::finalize() {
     for (const auto* list : {&ins.ops, &ins.dyn_srcs})
       for (const Access& a : *list)
         if (a.tile >= 0) tiles_[a.tile].last = std::max(tiles_[a.tile].last, &ins - code_.data());
-  TileAllocator sbuf(Space::kSbuf, t.sbuf_partition_bytes, 64), psum(Space::kPsum, t.psum_partition_bytes,
-                                                                      t.psum_bank_bytes);
+  // One SBUF and one PSUM per logical core; core c's memories follow core c-1's in the arenas.
+  std::vector<TileAllocator> sbuf, psum;
+  for (int c = 0; c < cores_; ++c) {
+    sbuf.emplace_back(Space::kSbuf, t.sbuf_partition_bytes, 64);
+    psum.emplace_back(Space::kPsum, t.psum_partition_bytes, t.psum_bank_bytes);
+  }
+  auto core_of = [&](const Tile& tile) { return cores_ > 1 ? tile.core : 0; };
+  auto alloc_of = [&](const Tile& tile) -> TileAllocator& {
+    return (tile.space == Space::kPsum ? psum : sbuf).at(core_of(tile));
+  };
+  auto core_base = [&](const Tile& tile) {
+    return static_cast<int64_t>(core_of(tile)) * t.partitions *
+           (tile.space == Space::kPsum ? t.psum_partition_bytes : t.sbuf_partition_bytes);
+  };
   // Manually placed tiles keep their memory for the whole kernel; automatic
   // placement goes around them.
-  for (const Tile& tile : tiles_)
-    for (const auto& [start, end] : tile.reserved) (tile.space == Space::kPsum ? psum : sbuf).reserve(start, end);
+  for (Tile& tile : tiles_) {
+    for (const auto& [start, end] : tile.reserved) alloc_of(tile).reserve(start, end);
+    if (tile.pinned) tile.offset = core_base(tile);
+  }
   // Tiles in allocation order (first is non-decreasing); release those whose last use is past.
   std::vector<int> live;
   for (size_t i = 0; i < tiles_.size(); ++i) {
@@ -149,18 +170,19 @@ void Program::finalize() {
     for (auto it = live.begin(); it != live.end();) {
       Tile& o = tiles_[*it];
       if (o.last < tile.first) {
-        (o.space == Space::kPsum ? psum : sbuf).free(o.offset);
+        alloc_of(o).free(o.offset - core_base(o));
         it = live.erase(it);
       } else {
         ++it;
       }
     }
-    TileAllocator& a = tile.space == Space::kPsum ? psum : sbuf;
-    tile.offset = a.allocate(tile.bytes, tile.what);  // throws std::length_error with the free bytes
+    tile.offset = alloc_of(tile).allocate(tile.bytes, tile.what) + core_base(tile);  // throws std::length_error
     live.push_back(static_cast<int>(i));
   }
-  sbuf_peak_ = sbuf.peak();
-  psum_peak_ = psum.peak();
+  for (int c = 0; c < cores_; ++c) {
+    sbuf_peak_ = std::max(sbuf_peak_, sbuf[c].peak());
+    psum_peak_ = std::max(psum_peak_, psum[c].peak());
+  }
   drop_overwritten_fills();
   for (Instruction& ins : code_)
     for (auto* list : {&ins.ops, &ins.dyn_srcs})
@@ -277,8 +299,8 @@ void Program::run(const std::vector<at::Tensor>& hbm) const {
   TORCH_CHECK(static_cast<int64_t>(hbm.size()) == num_args_ + static_cast<int64_t>(hbm_.size()),
               "NKI program expects ", num_args_ + hbm_.size(), " HBM tensors, got ", hbm.size());
   std::vector<const at::Tensor*> buffers;
-  buffers.push_back(&arena(0, t.partitions * t.sbuf_partition_bytes));
-  buffers.push_back(&arena(1, t.partitions * t.psum_partition_bytes));
+  buffers.push_back(&arena(0, cores_ * t.partitions * t.sbuf_partition_bytes));
+  buffers.push_back(&arena(1, cores_ * t.partitions * t.psum_partition_bytes));
   for (const at::Tensor& h : hbm) buffers.push_back(&h);
   thread_local uint64_t runs = 0;
   RunState state;

@@ -106,6 +106,7 @@ struct Tile {
   // Manually placed (ncc.*.mod_alloc, nl.ndarray(address=)): accesses carry
   // absolute arena offsets (offset stays 0); `reserved` are the [start, end)
   // byte ranges within a partition that automatic placement must avoid.
+  int core = 0;                   // the logical core (SPMD rank) whose memory holds it
   bool pinned = false;
   bool dropped = false;           // its only write was redirected (retarget_last): never placed
   std::vector<std::pair<int64_t, int64_t>> reserved;
@@ -118,13 +119,18 @@ class Program {
   // An on-chip tile of `blocks` blocks of free_elems elements per partition (its
   // NaN/sentinel fill recorded); the tile id for accesses. Each PSUM block must fit a bank.
   int allocate(Space space, at::ScalarType dtype, int64_t partitions, int64_t blocks, int64_t free_elems,
-               const std::string& what);
+               const std::string& what, int core = 0);
   // A manually placed tile: block b at partition blocks[b].first, byte address
   // blocks[b].second within the partition (PSUM: bank * bank bytes + offset).
   // Blocks may share an address (modulo allocation reuses memory, as on
   // hardware). Returns the tile id; accesses to it use absolute arena offsets.
   int allocate_at(Space space, at::ScalarType dtype, int64_t partitions, int64_t free_elems,
-                  const std::vector<std::pair<int64_t, int64_t>>& blocks, const std::string& what);
+                  const std::vector<std::pair<int64_t, int64_t>>& blocks, const std::string& what, int core = 0);
+  // Logical cores with their own SBUF and PSUM (kernel[2] instances that ran
+  // interleaved, exchanging data): each core's tiles are placed in its own
+  // memories, the arenas hold one copy per core. 1 (the default): all tiles
+  // share one core's memories (instances ran one after another).
+  void set_cores(int n);
   // Places the tiles (first fit in order of allocation, freeing those past their last
   // use), throwing std::length_error when one does not fit; then the program can run.
   void finalize();
@@ -160,6 +166,7 @@ class Program {
   std::vector<Tile> tiles_;
   bool finalized_ = false;
   int64_t sbuf_peak_ = 0, psum_peak_ = 0;
+  int cores_ = 1;
 };
 
 // Checks (checks.cpp): throw std::invalid_argument.

@@ -220,3 +220,69 @@ def test_gen2_range_select():
     i = 10 + np.arange(64)
     ref = np.where((i >= 20) & (i < 50), x, np.finfo(np.float32).min)
     assert np.array_equal(out, ref) and np.array_equal(red[:, 0], ref.max(1))
+
+
+def test_logical_cores_exchange_tiles_with_sendrecv():
+    # each core reduces its half of the columns, then they swap partials (an LNC all-reduce)
+    @nki.jit
+    def k(x):
+        out = nl.ndarray((2, 128, 1), x.dtype, buffer=nl.shared_hbm)
+        core = nl.program_id(0)
+        half = x.shape[1] // 2
+        t = nl.ndarray((128, half), x.dtype, buffer=nl.sbuf, address=(0, 0))  # the same address on both cores
+        nisa.dma_copy(dst=t, src=x[:, core * half:(core + 1) * half])
+        mine = nl.ndarray((128, 1), x.dtype, buffer=nl.sbuf, address=(0, 65536))
+        nisa.tensor_reduce(dst=mine, op=nl.add, data=t, axis=1)
+        theirs = nl.ndarray((128, 1), x.dtype, buffer=nl.sbuf, address=(0, 65600))
+        for rnd in range(2):  # two rounds on one pipe
+            nisa.sendrecv(src=mine, dst=theirs, send_to_rank=1 - core, recv_from_rank=1 - core, pipe_id=0)
+        total = nl.ndarray((128, 1), x.dtype, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=total, data1=mine, data2=theirs, op=nl.add)
+        nisa.dma_copy(dst=out[core], src=total)
+        return out
+    x = np.random.rand(128, 2048).astype(np.float32)
+    out = k[2](x)
+    assert np.allclose(out[0, :, 0], x.sum(1), rtol=1e-5) and np.allclose(out[1], out[0])
+    assert k.last_trace_stats.counts["sendrecv"] == 4  # 2 rounds x 2 directions
+
+
+def test_core_barrier_orders_writes_to_shared_hbm():
+    @nki.jit
+    def k(x):
+        shared = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
+        out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
+        core = nl.program_id(0)
+        rows = slice(core * 64, (core + 1) * 64)
+        t = nl.ndarray((64, x.shape[1]), x.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=x[rows])
+        nisa.tensor_scalar(dst=t, data=t, op0=nl.multiply, operand0=float(core + 1))
+        nisa.dma_copy(dst=shared[rows], src=t)
+        nisa.core_barrier(data=shared, cores=(0, 1))
+        other = slice((1 - core) * 64, (2 - core) * 64)  # the half the other core wrote
+        u = nl.ndarray((64, x.shape[1]), x.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=u, src=shared[other])
+        nisa.dma_copy(dst=out[other], src=u)
+        return out
+    x = np.random.rand(128, 32).astype(np.float32)
+    out = k[2](x)
+    assert np.allclose(out[:64], x[:64]) and np.allclose(out[64:], 2 * x[64:])
+
+
+def test_sendrecv_without_a_partner_is_an_error():
+    @nki.jit
+    def k(x):
+        t = _sbuf(x)
+        u = nl.ndarray(x.shape, x.dtype, buffer=nl.sbuf)
+        nisa.sendrecv(src=t, dst=u, send_to_rank=1, recv_from_rank=1, pipe_id=0)
+    x = np.zeros((128, 4), np.float32)
+    with pytest.raises(ValueError, match=r"launch the kernel as kernel\[2\]"):
+        k(x)
+
+    @nki.jit
+    def one_sided(x):
+        t = _sbuf(x)
+        if nl.program_id(0) == 0:
+            u = nl.ndarray(x.shape, x.dtype, buffer=nl.sbuf)
+            nisa.sendrecv(src=t, dst=u, send_to_rank=1, recv_from_rank=1, pipe_id=0)
+    with pytest.raises(RuntimeError, match="wait for partners that finished without meeting them"):
+        one_sided[2](x)

@@ -132,9 +132,9 @@ def new_tensor(shape, dtype, buffer=None, name=""):
                 locs = buffer.locations(blocks, P, nfree * itemsize(dtype), tr.psum_bank_bytes)
                 if site:
                     tr.manual_sites[site] = locs
-            tile = tr.program.allocate_at(space, dtype, P, nfree, locs, what)
+            tile = tr.program.allocate_at(space, dtype, P, nfree, locs, what, tr.rank)
         else:
-            tile = tr.program.allocate(space, dtype, P, math.prod(blocks), nfree, what)
+            tile = tr.program.allocate(space, dtype, P, math.prod(blocks), nfree, what, tr.rank)
     except ValueError as e:
         raise ValueError(str(e)) from None
     pstride = tr.partition_bytes(space) // itemsize(dtype)

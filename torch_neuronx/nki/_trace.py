@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import functools
 import math
+import threading
 import time
 
 import numpy as np
@@ -14,6 +15,7 @@ import torch
 
 from .. import _C
 from . import _emit
+from ._lockstep import Lockstep
 from ._tensor import FIRST_HBM_BUFFER, HBM, PSUM, SBUF, NkiTensor, itemsize, to_dtype
 
 _nki = _C._nki
@@ -27,15 +29,14 @@ class Trace:
         self.gen = gen
         self.program = _nki.Program(num_args)
         self.grid = grid
-        self.program_id = ()
+        self._inst = threading.local()  # per SPMD instance (each may run in its own thread: _lockstep)
+        self.start_instance(())
+        self.synced = False     # instances exchanged data (sendrecv / core_barrier): one memory per core
         self.hbm = []          # (shape, dtype) of kernel-allocated HBM tensors, buffer 2 + num_args + i
         self.num_args = num_args
         self._shared = []      # shared_hbm tensors, in allocation order (shared by all instances)
-        self._shared_seen = 0
         self._names = 0
         self.counts = collections.Counter()
-        self.loops = []         # affine/sequential loops being run (_loops.SymbolicRange), outermost first
-        self.manual_sites = {}  # manual placements made in the current outermost loop, by call site
         self.serial = 0         # tensors made so far (a loop's writes to older tensors are checked)
         t = _nki.target()
         self._pbytes = {SBUF: t["sbuf_partition_bytes"], PSUM: t["psum_partition_bytes"]}
@@ -51,14 +52,36 @@ class Trace:
     def count(self, name):
         self.counts[name] += 1
 
-    def start_instance(self, pid):
-        self.program_id = pid
-        self._shared_seen = 0
+    def start_instance(self, pid, lockstep=None, index=0):
+        i = self._inst
+        i.program_id, i.shared_seen, i.lockstep, i.index = pid, 0, lockstep, index
+        i.loops = []         # affine/sequential loops being run (_loops.SymbolicRange), outermost first
+        i.manual_sites = {}  # manual placements made in the current outermost loop, by call site
+        i.meetings = collections.Counter()  # sendrecv / core_barrier calls so far, by kind
+
+    program_id = property(lambda self: self._inst.program_id)
+    loops = property(lambda self: self._inst.loops)
+    lockstep = property(lambda self: self._inst.lockstep)
+    instance_index = property(lambda self: self._inst.index)
+    meetings = property(lambda self: self._inst.meetings)
+
+    @property
+    def manual_sites(self):
+        return self._inst.manual_sites
+
+    @manual_sites.setter
+    def manual_sites(self, v):
+        self._inst.manual_sites = v
+
+    @property
+    def rank(self):
+        """The logical core of this instance: its index on the grid's first axis."""
+        return self.program_id[0] if self.program_id else 0
 
     def hbm_tensor(self, shape, dtype, name, shared):
-        if shared and self._shared_seen < len(self._shared):
-            t = self._shared[self._shared_seen]
-            self._shared_seen += 1
+        if shared and self._inst.shared_seen < len(self._shared):
+            t = self._shared[self._inst.shared_seen]
+            self._inst.shared_seen += 1
             if t.shape != shape or t.tdtype != dtype:
                 raise ValueError(f"SPMD instances allocate different shared_hbm tensors: {t.shape} {t.tdtype} "
                                  f"vs {shape} {dtype}")
@@ -70,7 +93,7 @@ class Trace:
         t.serial, self.serial = self.serial, self.serial + 1
         if shared:
             self._shared.append(t)
-            self._shared_seen += 1
+            self._inst.shared_seen += 1
         fill = float("nan") if dtype.is_floating_point else 4.0
         _emit.issue("fill", "<allocate>", t.view_all(), scalars=[fill])
         return t
@@ -227,13 +250,23 @@ class _Launcher:
         prev = _emit.set_current(tr)
         result = None
         try:
-            for pid in (np.ndindex(*grid) if grid else [()]):
-                tr.start_instance(tuple(int(p) for p in pid))
-                r = k.func(*call_args, **call_kwargs)
-                if result is None:
-                    result = _to_hbm(r, tr)
+            pids = [tuple(int(p) for p in pid) for pid in (np.ndindex(*grid) if grid else [()])]
+            if len(pids) == 1:
+                tr.start_instance(pids[0])
+                result = _to_hbm(k.func(*call_args, **call_kwargs), tr)
+            else:
+                # instances that differ only in the first (core) coordinate run together
+                groups = {}
+                for pid in pids:
+                    groups.setdefault(pid[1:], []).append(pid)
+                for group in groups.values():
+                    rs = Lockstep(tr, group, lambda pid: k.func(*call_args, **call_kwargs)).run()
+                    if result is None:
+                        result = _to_hbm(rs[0], tr)
         finally:
             _emit.set_current(prev)
+        if tr.synced:
+            tr.program.set_cores(grid[0])
         tr.program.finalize()  # places the tiles: MemoryError when they do not fit
         spec = _result_spec(result, tr)
         return _Cached(tr, spec)

@@ -263,6 +263,51 @@ def dma_compute(dst, srcs, reduce_op, scales=None, unique_indices=True, oob_mode
         _g1.dma_copy(dst=dst, src=x, dst_rmw_op=_nl.add, oob_mode=_g1.oob_mode.skip if skip else _g1.oob_mode.error)
 
 
+def _meet(kind, participants, payload, action):
+    """A meeting of logical cores (kernel[2] instances) at their n-th ``kind`` call."""
+    from ..._emit import current
+    tr = current()
+    me = tr.rank
+    participants = {int(r) for r in participants} | {me}
+    if participants == {me}:
+        action({me: payload})
+        return
+    grid = tr.grid[0] if tr.grid else 1
+    if tr.lockstep is None or max(participants) >= grid:
+        raise ValueError(f"{kind[0]}: core {me} meets core(s) {sorted(participants - {me})}, but the launch has "
+                         f"{grid} logical core(s); launch the kernel as kernel[2]")
+    n = tr.meetings[kind]
+    tr.meetings[kind] += 1
+    tr.lockstep.meet(kind + (tr.program_id[1:], n), me, participants, payload, action)
+
+
+def sendrecv(src, dst, send_to_rank, recv_from_rank, pipe_id, dma_engine=dma_engine.dma, name=None):
+    """Sends ``src`` to core ``send_to_rank``'s ``dst`` while receiving core ``recv_from_rank``'s
+    ``src`` into this core's ``dst`` (both cores of a ``kernel[2]`` launch call it)."""
+    s, d = as_view(src), as_view(dst)
+    if s.space != SBUF or d.space != SBUF:
+        raise ValueError(f"sendrecv src and dst must be in SBUF, got {s.buffer_space} and {d.buffer_space}")
+    if s.tdtype != d.tdtype or s.sizes[0] != d.sizes[0] or math.prod(s.sizes) != math.prod(d.sizes):
+        raise ValueError(f"sendrecv src {list(s.sizes)} {s.tdtype} and dst {list(d.sizes)} {d.tdtype} must have "
+                         f"the same dtype, partitions and elements per partition")
+
+    def exchange(calls):
+        for r, (src_r, _, to, _) in calls.items():
+            if to not in calls or calls[to][3] != r:
+                raise ValueError(f"sendrecv: core {r} sends to core {to}, which does not receive from it")
+            target = calls[to][1]
+            issue("copy", "sendrecv", target, [src_r if src_r.sizes == target.sizes else src_r.reshape(target.sizes)],
+                  roles=["dst", "src"])
+    _meet(("sendrecv", int(pipe_id)), {int(send_to_rank), int(recv_from_rank)},
+          (s, d, int(send_to_rank), int(recv_from_rank)), exchange)
+
+
+def core_barrier(data, cores, engine=engine.gpsimd, name=None):
+    """Every core of ``cores`` waits here for the others (their writes to ``data`` before it are
+    seen by their reads after it)."""
+    _meet(("core_barrier",), set(cores), None, lambda calls: None)
+
+
 def tensor_copy_predicated(dst, src, predicate, reverse_pred=False, name=None):
     _g1.tensor_copy_predicated(src=src, dst=dst, predicate=predicate, reverse_pred=reverse_pred)
 
