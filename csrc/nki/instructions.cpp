@@ -101,6 +101,31 @@ void check_activation_input(const Instruction& ins, const at::Tensor& x) {
   TORCH_CHECK_VALUE(false, msg.str());
 }
 
+// An engine's accumulation registers under a reduce command (idle 0, reset 1,
+// reduce 2, reset_reduce 3, load_reduce 4) given this instruction's (P, 1)
+// reduction r: the value reduce_res receives. Idle leaves the registers alone
+// (reduce_res then gets r itself, as an instruction without the registers).
+at::Tensor accumulate(at::Tensor& reg, int64_t cmd, const std::string& op, const at::Tensor& r,
+                      const at::Tensor& init) {
+  const bool have = reg.defined() && reg.sizes() == r.sizes();
+  switch (cmd) {
+    case 1:
+      reg = at::zeros_like(r);
+      return reg;
+    case 2:
+      reg = have ? alu(op, reg, r) : r;
+      return reg;
+    case 3:
+      reg = r;
+      return reg;
+    case 4:
+      reg = alu(op, init.defined() ? init : at::zeros_like(r), r);
+      return reg;
+    default:
+      return r;
+  }
+}
+
 // nl.device_print: the values when the instruction runs, NumPy-style, long
 // dims elided as "...".
 void print_values(const Instruction& ins, const at::Tensor& x) {
@@ -200,7 +225,14 @@ void execute(const Instruction& ins, const std::vector<at::Tensor>& v, RunState&
       check_activation_input(ins, x);
       at::Tensor y = activation(ins.fns.at(0), x, ins.scalars.size() > 1 ? ins.scalars[1] : 0.0);
       write(ins, dst, y);
-      if (ins.ints.at(2)) write(Instruction{ins.kind}, v[k], reduce(ins.fns.at(1), y, free_dims(y), true));
+      // ints[3]: reduce_cmd over the Scalar Engine's registers (3, reset_reduce, without it)
+      const int64_t cmd = ins.ints.size() > 3 ? ins.ints[3] : (ins.ints[2] ? 3 : 0);
+      if (ins.ints[2] || cmd) {
+        const std::string op = ins.fns.size() > 1 ? ins.fns[1] : "add";
+        at::Tensor r = reduce(op, y, free_dims(y), true).reshape({y.size(0), 1});
+        at::Tensor acc = accumulate(state.scalar_acc, cmd, op, r, at::Tensor());
+        if (ins.ints[2]) write(Instruction{ins.kind}, v[k], acc);
+      }
       return;
     }
     case Kind::kTensorTensor:
@@ -219,7 +251,19 @@ void execute(const Instruction& ins, const std::vector<at::Tensor>& v, RunState&
       }
       k += ins.ints[3];
       write(ins, dst, r);
-      if (ins.ints.at(4)) write(Instruction{ins.kind}, v[k], reduce(ins.fns.at(2), r, free_dims(r), true));
+      // ints[5..7]: reduce_cmd over the Vector Engine's registers, reduce_res_negate, reduce_init is a tile
+      const int64_t cmd = ins.ints.size() > 5 ? ins.ints[5] : (ins.ints.at(4) ? 3 : 0);
+      if (ins.ints.at(4) || cmd) {
+        const std::string& op = ins.fns.at(2);
+        at::Tensor red = reduce(op, r, free_dims(r), true).reshape({r.size(0), 1});
+        at::Tensor init;
+        if (cmd == 4)
+          init = ins.ints.size() > 7 && ins.ints[7] ? per_partition(v[k + ins.ints[4]], red).reshape(red.sizes())
+                                                     : at::full_like(red, ins.scalars.at(2));
+        at::Tensor acc = accumulate(state.vector_acc, cmd, op, red, init);
+        if (ins.ints.size() > 6 && ins.ints[6]) acc = -acc;
+        if (ins.ints[4]) write(Instruction{ins.kind}, v[k], acc);
+      }
       return;
     }
     case Kind::kScalarTensorTensor: {

@@ -175,7 +175,8 @@ void check_instruction(const Instruction& ins, const Target& t);
 // Engine's per-partition accumulation registers (tensor_scalar_cumulative).
 struct RunState {
   uint64_t seed = 0;
-  at::Tensor vector_acc;  // (partitions, 1) fp32, undefined until first set
+  at::Tensor vector_acc;  // the Vector Engine's (partitions, 1) fp32 registers, undefined until first set
+  at::Tensor scalar_acc;  // the Scalar Engine's (activation's reduce_regs)
 };
 // Execution of one instruction on views (instructions.cpp).
 void execute(const Instruction& ins, const std::vector<at::Tensor>& views, RunState& state);

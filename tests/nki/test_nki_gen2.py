@@ -286,3 +286,39 @@ def test_sendrecv_without_a_partner_is_an_error():
             nisa.sendrecv(src=t, dst=u, send_to_rank=1, recv_from_rank=1, pipe_id=0)
     with pytest.raises(RuntimeError, match="wait for partners that finished without meeting them"):
         one_sided[2](x)
+
+
+def test_reduce_commands_chain_the_engine_registers():
+    @nki.jit
+    def k(a, b):
+        out = nl.ndarray((4, 128, 1), nl.float32, buffer=nl.shared_hbm)
+        x, y = _sbuf(a), _sbuf(b)
+        junk = nl.ndarray(a.shape, nl.float32, buffer=nl.sbuf)
+        r = nl.ndarray((128, 1), nl.float32, buffer=nl.sbuf)
+        # Vector Engine: max over x, then over y on top (no reduce_res on the first), negated
+        nisa.tensor_scalar_reduce(dst=junk, data=x, op0=nl.multiply, operand0=1.0, reduce_op=nl.maximum)
+        nisa.tensor_scalar_reduce(dst=junk, data=y, op0=nl.multiply, operand0=1.0, reduce_op=nl.maximum,
+                                  reduce_res=r, reduce_cmd=nisa.reduce_cmd.reduce, reduce_res_negate=True)
+        nisa.dma_copy(dst=out[0], src=r)
+        # load_reduce: start from 100 and add the row sums
+        nisa.tensor_scalar_reduce(dst=junk, data=x, op0=nl.add, operand0=0.0, reduce_op=nl.add, reduce_res=r,
+                                  reduce_cmd=nisa.reduce_cmd.load_reduce, reduce_init=100.0)
+        nisa.dma_copy(dst=out[1], src=r)
+        # Scalar Engine: sum of exp over x then y, read out by the second
+        nisa.activation(dst=junk, op=nl.exp, data=x, reduce_op=nl.add, reduce_cmd=nisa.reduce_cmd.reset_reduce)
+        nisa.activation(dst=junk, op=nl.exp, data=y, reduce_op=nl.add, reduce_res=r,
+                        reduce_cmd=nisa.reduce_cmd.reduce)
+        nisa.dma_copy(dst=out[2], src=r)
+        # reset, then reduce: the registers start from zero
+        nisa.activation(dst=junk, op=nl.copy, data=x, reduce_op=nl.add, reduce_cmd=nisa.reduce_cmd.reset)
+        nisa.activation(dst=junk, op=nl.copy, data=y, reduce_op=nl.add, reduce_res=r,
+                        reduce_cmd=nisa.reduce_cmd.reduce)
+        nisa.dma_copy(dst=out[3], src=r)
+        return out
+    a = np.random.rand(128, 64).astype(np.float32)
+    b = np.random.rand(128, 64).astype(np.float32)
+    out = k(a, b)[:, :, 0]
+    assert np.allclose(out[0], -np.maximum(a.max(1), b.max(1)))
+    assert np.allclose(out[1], 100 + a.sum(1), rtol=1e-5)
+    assert np.allclose(out[2], np.exp(a).sum(1) + np.exp(b).sum(1), rtol=1e-5)
+    assert np.allclose(out[3], b.sum(1), rtol=1e-5)

@@ -150,15 +150,22 @@ def activation(op, data, *, bias=None, scale=1.0, reduce_op=None, reduce_res=Non
         ints[1] = 1
     else:
         scalars[0] = float(scale)
-    fns = [_op(op)]
+    fns = [_op(op), _op(reduce_op) if reduce_op is not None else "add"]
+    cmd = _cmd(reduce_cmd)
     if reduce_res is not None:
         srcs.append(require_space(reduce_res, (SBUF, PSUM), "activation", "reduce_res"))
         roles.append("reduce_res")
         ints[2] = 1
-        fns.append(_op(reduce_op) if reduce_op is not None else "add")
+    # the Scalar Engine's reduce registers; a reduce_res without a command starts a new reduction
+    ints.append(3 if reduce_res is not None and cmd == 0 else cmd)
     issue("activation", "activation", d, srcs, fns=fns, scalars=scalars, ints=ints, mask=mask, same_shape=False,
           roles=roles)
     return t
+
+
+def _cmd(c):
+    """A reduce command (either API's enum, or its value) as its number."""
+    return int(getattr(c, "value", c))
 
 
 def activation_reduce(op, data, *, reduce_op, reduce_res, bias=None, scale=1.0, mask=None, dtype=None, _dst=None,
@@ -229,16 +236,30 @@ def tensor_scalar(data, op0, operand0, reverse0=False, op1=None, operand1=None, 
     return t
 
 
-def tensor_scalar_reduce(*, data, op0, operand0, reduce_op, reduce_res, reverse0=False, dtype=None, mask=None,
-                         _dst=None, **kwargs):
+def tensor_scalar_reduce(*, data, op0, operand0, reduce_op, reduce_res=None, reverse0=False, dtype=None, mask=None,
+                         reduce_cmd=reduce_cmd.reset_reduce, reduce_init=None, reduce_res_negate=False, _dst=None,
+                         **kwargs):
+    """``op0(data, operand0)``, reduced along the free dims into the Vector Engine's registers under
+    ``reduce_cmd`` (``load_reduce`` starts from ``reduce_init``); ``reduce_res`` receives them
+    (negated with ``reduce_res_negate``)."""
     v = require_space(data, (SBUF, PSUM), "tensor_scalar_reduce", "data")
     t, d = _out(v, dtype, dst=_dst)
     srcs, roles = [v], ["dst", "data"]
     ap0, s0 = _scalar_operand(operand0, srcs, roles, "operand0")
-    srcs.append(require_space(reduce_res, (SBUF, PSUM), "tensor_scalar_reduce", "reduce_res"))
-    roles.append("reduce_res")
-    issue("tensor_scalar", "tensor_scalar_reduce", d, srcs, fns=[_op(op0), "", _op(reduce_op)], scalars=[s0, 0.0],
-          ints=[int(reverse0), 0, ap0, 0, 1], mask=mask, same_shape=False, roles=roles)
+    if reduce_res is not None:
+        srcs.append(require_space(reduce_res, (SBUF, PSUM), "tensor_scalar_reduce", "reduce_res"))
+        roles.append("reduce_res")
+    init_ap, init = 0, 0.0
+    if is_tile(reduce_init):
+        srcs.append(_pp(reduce_init, "reduce_init", "tensor_scalar_reduce"))
+        roles.append("reduce_init")
+        init_ap = 1
+    elif reduce_init is not None:
+        init = float(reduce_init)
+    issue("tensor_scalar", "tensor_scalar_reduce", d, srcs, fns=[_op(op0), "", _op(reduce_op)],
+          scalars=[s0, 0.0, init], ints=[int(reverse0), 0, ap0, 0, int(reduce_res is not None), _cmd(reduce_cmd),
+                                         int(bool(reduce_res_negate)), init_ap],
+          mask=mask, same_shape=False, roles=roles)
     return t
 
 

@@ -133,8 +133,8 @@ def tensor_partition_reduce(dst, op, data, name=None):
 
 def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=None, reduce_cmd=reduce_cmd.idle,
                name=None):
-    _g1.activation(op, data, bias=bias, scale=scale, reduce_op=reduce_op, reduce_res=reduce_res, dtype=_dt(dst),
-                   _dst=dst)
+    _g1.activation(op, data, bias=bias, scale=scale, reduce_op=reduce_op, reduce_res=reduce_res,
+                   reduce_cmd=reduce_cmd, dtype=_dt(dst), _dst=dst)
 
 
 def activation_reduce(dst, op, data, reduce_op, reduce_res, bias=None, scale=1.0, name=None):
@@ -150,7 +150,8 @@ def scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1, reverse0=False
 def tensor_scalar_reduce(dst, data, op0, operand0, reduce_op, reduce_res=None, reverse0=False,
                          reduce_cmd=reduce_cmd.reset_reduce, reduce_init=None, reduce_res_negate=False, name=None):
     _g1.tensor_scalar_reduce(data=data, op0=op0, operand0=operand0, reduce_op=reduce_op, reduce_res=reduce_res,
-                             reverse0=reverse0, dtype=_dt(dst), _dst=dst)
+                             reverse0=reverse0, reduce_cmd=reduce_cmd, reduce_init=reduce_init,
+                             reduce_res_negate=reduce_res_negate, dtype=_dt(dst), _dst=dst)
 
 
 def tensor_tensor_scan(dst, data0, data1, initial, op0, op1, reverse0=False, reverse1=False, name=None):
