@@ -291,7 +291,7 @@ def issue(kind, name, dst, srcs=(), fns=(), scalars=(), ints=(), mask=None, cons
         accesses.append(idx.access(roles[i] + "_index"))
         ints = [i, len(accesses) - 1, v.tensor.strides[k], v.tensor.shape[k], int(oob_skip), int(accumulate)]
     tr.program.emit(kind, name, accesses, list(fns), [_fp32_scalar(s) for s in scalars], [int(i) for i in ints],
-                    mask_t.contiguous() if mask_t is not None else None, constant, "", dyn_srcs)
+                    _shared_mask(tr, mask_t), constant, "", dyn_srcs)
     tr.count(name)
     if tr.loops and kind != "print":
         rmw = accumulate or (kind in ("matmul", "tensor_tensor") and ints and ints[0]) or any(
@@ -305,6 +305,20 @@ def issue(kind, name, dst, srcs=(), fns=(), scalars=(), ints=(), mask=None, cons
 
 
 _FLT_MAX = float(np.finfo(np.float32).max)
+
+
+def _shared_mask(tr, mask_t):
+    """The mask as a tensor shared by every instruction with the same one (a loop issues the
+    same masks over and over; each would otherwise keep its own copy)."""
+    if mask_t is None:
+        return None
+    mask_t = mask_t.contiguous()
+    key = (tuple(mask_t.shape), hash(mask_t.numpy().tobytes()))
+    same = tr.masks.get(key)
+    if same is not None and torch.equal(same, mask_t):
+        return same
+    tr.masks[key] = mask_t
+    return mask_t
 
 
 def _fp32_scalar(s):

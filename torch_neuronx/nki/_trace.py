@@ -37,6 +37,7 @@ class Trace:
         self._shared = []      # shared_hbm tensors, in allocation order (shared by all instances)
         self._names = 0
         self.counts = collections.Counter()
+        self.masks = {}         # instruction masks by content (shared: _emit._shared_mask)
         self.serial = 0         # tensors made so far (a loop's writes to older tensors are checked)
         t = _nki.target()
         self._pbytes = {SBUF: t["sbuf_partition_bytes"], PSUM: t["psum_partition_bytes"]}
