@@ -232,6 +232,17 @@ void check_kind(const Instruction& ins, const Target& t) {
                       " elements per partition, got " + std::to_string(free_size(dst)));
       return;
     }
+    case Kind::kNonzero: {
+      const Access &dst = ins.ops.at(0), &src = ins.ops.at(1);
+      require_space(ins, src, Space::kSbuf);
+      require_space(ins, dst, Space::kSbuf);
+      same_partitions(ins, dst, src);
+      if (free_size(dst) != free_size(src) + 1)
+        fail(ins, "dst must have one element more per partition than src (the count), got " +
+                      std::to_string(free_size(dst)) + " and " + std::to_string(free_size(src)));
+      if (dst.dtype != at::kInt) fail(ins, std::string("dst must be int32, got ") + c10::toString(dst.dtype));
+      return;
+    }
     case Kind::kCopy: {
       const Access &dst = ins.ops.at(0), &src = ins.ops.at(1);
       if (dst.numel() != src.numel())

@@ -96,6 +96,21 @@ void local_gather(const Instruction& ins, const std::vector<at::Tensor>& v) {
   write(ins, v[0], at::cat(out, 0));
 }
 
+// Each GpSimd core's first partition (0, 16, ..., 112): the indices of the
+// nonzero elements (+ index_offset), then padding, then their count; the
+// other partitions of dst are left as they are.
+void nonzero_with_count(const Instruction& ins, const std::vector<at::Tensor>& v) {
+  at::Tensor src = rows(v[1]).slice(0, 0, v[1].size(0), 16);
+  at::Tensor dst = rows(v[0]).slice(0, 0, v[0].size(0), 16);
+  const int64_t T = src.size(1);
+  at::Tensor nz = f32(src).ne(0);
+  at::Tensor count = nz.sum(1, true);
+  at::Tensor order = std::get<1>(at::sort(nz.logical_not().to(at::kByte), std::optional<bool>(true), 1, false));
+  at::Tensor pos = at::arange(T, count.options()).unsqueeze(0);
+  at::Tensor idx = at::where(pos < count, order + ins.ints.at(0), at::full_like(order, ins.ints.at(1)));
+  dst.copy_(at::cat({idx, count}, 1));
+}
+
 }  // namespace
 
 bool execute_gpsimd(const Instruction& ins, const std::vector<at::Tensor>& v) {
@@ -132,6 +147,9 @@ bool execute_gpsimd(const Instruction& ins, const std::vector<at::Tensor>& v) {
       return true;
     case Kind::kLocalGather:
       local_gather(ins, v);
+      return true;
+    case Kind::kNonzero:
+      nonzero_with_count(ins, v);
       return true;
     default:
       return false;

@@ -51,6 +51,7 @@ const std::unordered_map<std::string, Kind>& kinds() {
       {"sequence_bounds", Kind::kSequenceBounds},
       {"local_gather", Kind::kLocalGather},
       {"print", Kind::kPrint},
+      {"nonzero", Kind::kNonzero},
   };
   return k;
 }

@@ -124,7 +124,9 @@ void Program::drop_overwritten_fills() {
       const Access& d = next.ops[0];
       // an indirect copy may skip rows; an accumulating one reads dst
       const bool indirect = next.kind == Kind::kCopy && !next.ints.empty();
-      bool whole = next.kind != Kind::kPrint && !next.mask && !indirect && d.dynamic.empty() && d.tile == f.tile && d.byte_offset == f.byte_offset &&
+      // (print reads its operand; shuffle and nonzero may leave partitions of dst unwritten)
+      const bool partial = next.kind == Kind::kPrint || next.kind == Kind::kShuffle || next.kind == Kind::kNonzero;
+      bool whole = !partial && !next.mask && !indirect && d.dynamic.empty() && d.tile == f.tile && d.byte_offset == f.byte_offset &&
                    d.dtype == f.dtype && d.sizes == f.sizes && d.strides == f.strides;
       for (size_t k = 1; whole && k < next.ops.size(); ++k) whole = next.ops[k].tile != f.tile;
       for (const Access& s : next.dyn_srcs) whole = whole && s.tile != f.tile;

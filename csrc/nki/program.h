@@ -74,6 +74,7 @@ enum class Kind : uint8_t {
   kSequenceBounds,    // dst (P, 2, n) = start and end of each element's segment
   kLocalGather,       // dst = each 16-partition core's gather at its flattened indices
   kPrint,             // prints ops[0] (read, not written) after fns[0] (nl.device_print)
+  kNonzero,           // dst (P, T+1) = nonzero indices of src, padding, count (every 16th partition)
 };
 
 struct Instruction {

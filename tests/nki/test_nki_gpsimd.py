@@ -195,3 +195,25 @@ def test_gen2_vector_select_gathers_rows():
     a = np.random.rand(1000, 512).astype(np.float32)
     rows = np.random.default_rng(3).integers(0, 1000, size=(64, 1)).astype(np.int32)
     assert np.array_equal(k(a, rows), a[rows[:, 0]])
+
+
+def test_nonzero_with_count_per_gpsimd_core():
+    @nki.jit
+    def k(x):
+        out = nl2.ndarray((128, 65), nl2.int32, buffer=nl2.shared_hbm)
+        t = nl2.ndarray(x.shape, x.dtype, buffer=nl2.sbuf)
+        nisa2.dma_copy(dst=t, src=x)
+        r = nl2.ndarray((128, 65), nl2.int32, buffer=nl2.sbuf)
+        nisa2.memset(dst=r, value=7)
+        nisa2.nonzero_with_count(dst=r, src=t, index_offset=16, padding_val=-1)
+        nisa2.dma_copy(dst=out, src=r)
+        return out
+    x = (np.random.default_rng(6).random((128, 64)) < 0.3).astype(np.float32)
+    out = k(x)
+    for p in range(128):
+        if p % 16:
+            assert (out[p] == 7).all()  # only each core's first partition is written
+            continue
+        idx = np.nonzero(x[p])[0]
+        assert out[p, -1] == len(idx)
+        assert np.array_equal(out[p, :len(idx)], idx + 16) and (out[p, len(idx):64] == -1).all()

@@ -309,6 +309,16 @@ def core_barrier(data, cores, engine=engine.gpsimd, name=None):
     _meet(("core_barrier",), set(cores), None, lambda calls: None)
 
 
+def nonzero_with_count(dst, src, index_offset=0, padding_val=-1, name=None):
+    """In partitions 0, 16, ..., 112: the indices of src's nonzero elements (+ ``index_offset``),
+    ``padding_val`` after them, and their count in dst's last element."""
+    d, v = as_view(dst), as_view(src)
+    P = v.sizes[0]
+    issue("nonzero", "nonzero_with_count", d.reshape((P, math.prod(d.sizes[1:]))),
+          [v.reshape((P, math.prod(v.sizes[1:])))], ints=[int(index_offset), int(padding_val)], same_shape=False,
+          roles=["dst", "src"])
+
+
 def tensor_copy_predicated(dst, src, predicate, reverse_pred=False, name=None):
     _g1.tensor_copy_predicated(src=src, dst=dst, predicate=predicate, reverse_pred=reverse_pred)
 
