@@ -357,3 +357,18 @@ def test_device_print_shows_values_when_the_kernel_runs(capfd):
     assert "exp = [2, 12]" in out
     row0 = out.split("[[", 1)[1].split("]", 1)[0].split()
     assert len(row0) == 12 and np.allclose([float(v) for v in row0], np.exp(a[0]), rtol=1e-5)
+
+
+def test_double_row_matmul_and_dtype_views():
+    @nki.jit
+    def k(a_bits, b):
+        out = nl.ndarray((8, 512), nl.float32, buffer=nl.shared_hbm)
+        a = nl.load(a_bits.view(nl.float8_e5m2))        # uint8 bytes read as fp8
+        c = nisa.nc_matmul(a, nl.load(b), perf_mode="double_row_gen3")  # (K, 2, M) x (K, 2, N)
+        nl.store(out, value=nl.copy(c))
+        return out
+    rng = np.random.default_rng(7)
+    a = rng.integers(-4, 5, size=(128, 2, 8)).astype(nl.float8_e5m2)
+    b = rng.integers(-4, 5, size=(128, 2, 512)).astype(nl.float8_e5m2)
+    out = k(a.view(np.uint8), b)
+    assert np.array_equal(out, np.einsum("kli,klj->ij", a.astype(np.float32), b.astype(np.float32)))

@@ -267,6 +267,31 @@ class NkiTensor(TileMath):
         alias._base = self  # keeps the allocation alive
         return alias
 
+    def view(self, dtype):
+        """The same bytes as another dtype (a contiguous tensor; the last dim rescaled)."""
+        new = to_dtype(dtype)
+        if new == self.tdtype:
+            return self
+        old_item, new_item = itemsize(self.tdtype), itemsize(new)
+        shape = list(self.shape)
+        if (shape[-1] * old_item) % new_item:
+            raise ValueError(f"view({new}): the last dimension's {shape[-1] * old_item} bytes are not a whole "
+                             f"number of {new_item}-byte elements")
+        shape[-1] = shape[-1] * old_item // new_item
+        row = lambda sh: [math.prod(sh[k + 1:]) for k in range(len(sh))]  # noqa: E731
+        first = 0 if self.space == HBM else 1
+        if list(self.strides[first:]) != row(self.shape)[first:] or (self.space != HBM and self.partition_axis):
+            raise ValueError("view(dtype) needs a contiguous tensor")
+        strides = row(shape)
+        if self.space != HBM:
+            if (self.strides[0] * old_item) % new_item:
+                raise ValueError(f"view({new}): a partition's bytes are not a whole number of elements")
+            strides[0] = self.strides[0] * old_item // new_item
+        alias = NkiTensor(self.trace, self.bufidx, self.space, shape, new, strides, self.byte_offset,
+                          None if self.space == HBM else 0, self.name, self.tile)
+        alias._base = self
+        return alias
+
     def __getattr__(self, name):
         # Gen-2 view methods (ap, slice, select, permute, ...) of the whole tensor
         if name in ("ap", "slice", "select", "vector_select", "permute", "broadcast", "expand_dim", "squeeze_dim"):

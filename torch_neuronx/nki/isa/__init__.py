@@ -97,8 +97,19 @@ def _to_sbuf(x):
 
 
 def nc_matmul(stationary, moving, *, is_stationary_onezero=False, is_moving_onezero=False, is_transpose=False,
-              tile_position=(), tile_size=(), mask=None, _dst=None, _accumulate=False, _strict=False, **kwargs):
-    """``stationary.T @ moving`` on the Tensor Engine into a new fp32 PSUM tile."""
+              tile_position=(), tile_size=(), mask=None, perf_mode=None, _dst=None, _accumulate=False, _strict=False,
+              **kwargs):
+    """``stationary.T @ moving`` on the Tensor Engine into a new fp32 PSUM tile. ``perf_mode``
+    ``double_row*`` contracts two rows per partition: (K, 2, M) by (K, 2, N)."""
+    mode = str(getattr(perf_mode, "value", perf_mode) or "")
+    if mode.startswith("double_row"):
+        s, m = as_view(stationary), as_view(moving)
+        if len(s.sizes) != 3 or s.sizes[1] != 2 or len(m.sizes) != 3 or m.sizes[1] != 2:
+            raise ValueError(f"nc_matmul perf_mode={mode} takes (K, 2, M) stationary and (K, 2, N) moving tiles, "
+                             f"got {list(s.sizes)} and {list(m.sizes)}")
+        t = nc_matmul(s[:, 0, :], m[:, 0, :], mask=mask, _dst=_dst, _accumulate=_accumulate, _strict=_strict)
+        nc_matmul(s[:, 1, :], m[:, 1, :], mask=mask, _dst=t, _accumulate=True, _strict=_strict)
+        return t
     if not _strict:  # Gen-1: the compiler copies a PSUM operand to SBUF first
         stationary, moving = _to_sbuf(stationary), _to_sbuf(moving)
     s = require_space(stationary, (SBUF,), "nc_matmul", "stationary")

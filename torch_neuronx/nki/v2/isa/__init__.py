@@ -103,7 +103,8 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
     written = d.tensor.__dict__.setdefault("_psum_written", set())
     acc = (key in written) if accumulate is None else bool(accumulate)
     written.add(key)
-    _g1.nc_matmul(stationary, moving, is_transpose=is_transpose, _dst=dst, _accumulate=acc, _strict=True)
+    _g1.nc_matmul(stationary, moving, is_transpose=is_transpose, perf_mode=perf_mode, _dst=dst, _accumulate=acc,
+                  _strict=True)
 
 
 def nc_transpose(dst, data, engine=engine.unknown, name=None):
