@@ -26,6 +26,9 @@ inline void write(const Instruction& ins, const at::Tensor& dst, const at::Tenso
       r = r.narrow(i, last, 1);
       if (mask) mask = mask->narrow(i, last, 1);
     }
+  // float to integer rounds to nearest, ties to even, as the engines do (a plain cast truncates)
+  if (!c10::isFloatingType(d.scalar_type()) && d.scalar_type() != at::kBool && c10::isFloatingType(r.scalar_type()))
+    r = at::round(r);
   if (mask) {
     d.copy_(at::where(*mask, r.to(d.scalar_type()), d));
   } else {

@@ -322,3 +322,16 @@ def test_reduce_commands_chain_the_engine_registers():
     assert np.allclose(out[1], 100 + a.sum(1), rtol=1e-5)
     assert np.allclose(out[2], np.exp(a).sum(1) + np.exp(b).sum(1), rtol=1e-5)
     assert np.allclose(out[3], b.sum(1), rtol=1e-5)
+
+
+def test_float_to_int_rounds_to_nearest_even_and_1d_hbm_stores():
+    @nki.jit
+    def k(x):
+        out = nl.ndarray((x.shape[0],), nl.int32, buffer=nl.shared_hbm)
+        t = _sbuf(x)
+        q = nl.ndarray(x.shape, nl.int32, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=q, src=t)
+        nisa.dma_copy(dst=out[0:x.shape[0]], src=q[0:x.shape[0], 0])  # (n, 1) on chip to a 1-D HBM range
+        return out
+    x = np.array([0.5, 1.5, 2.5, -0.5, -1.5, 2.49, 2.51, -2.7] * 16, np.float32).reshape(128, 1)
+    assert np.array_equal(k(x), np.rint(x[:, 0]).astype(np.int32))

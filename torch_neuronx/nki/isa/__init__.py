@@ -402,7 +402,11 @@ def dma_copy(*, dst, src, mask=None, dst_rmw_op=None, oob_mode=oob_mode.error, d
     if math.prod(d.sizes) != math.prod(s.sizes):
         raise ValueError(f"dma_copy requires src and dst to have the same number of elements, got "
                          f"src={math.prod(s.sizes)}, dst={math.prod(d.sizes)}")
-    s = s if s.sizes == d.sizes else s.reshape(d.sizes)
+    if s.sizes != d.sizes:  # the same elements in another shape: the HBM side takes the on-chip side's
+        if d.space == HBM and s.space != HBM:
+            d = d.reshape(s.sizes)
+        else:
+            s = s.reshape(d.sizes)
     skip = int(oob_mode) == int(globals()["oob_mode"].skip)
     if dst_rmw_op is not None and nl._op_name(dst_rmw_op) != "add":
         raise ValueError("dma_copy dst_rmw_op supports only np.add")
