@@ -4,6 +4,7 @@
 #include <ATen/ops/from_blob.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <limits>
 #include <stdexcept>
 
@@ -137,9 +138,55 @@ void Program::drop_overwritten_fills() {
   code_ = std::move(kept);
 }
 
+// A tile's memory is taken from its first use, not from the statement that
+// made it (the NKI compiler allocates by liveness): its fill moves to just
+// before the first instruction that touches it; a tile nothing touches is
+// never placed. Manually placed tiles keep their fill where they were made
+// (their memory may be another tensor's too).
+void Program::fill_at_first_use() {
+  const size_t n = code_.size();
+  std::vector<int64_t> first_use(tiles_.size(), -1);
+  auto is_fill = [&](const Instruction& ins) {
+    return ins.name == "<allocate>" && ins.ops.at(0).tile >= 0 && !tiles_[ins.ops[0].tile].pinned;
+  };
+  for (size_t i = 0; i < n; ++i) {
+    if (is_fill(code_[i])) continue;
+    for (const auto* list : {&code_[i].ops, &code_[i].dyn_srcs})
+      for (const Access& a : *list)
+        if (a.tile >= 0 && first_use[a.tile] < 0) first_use[a.tile] = static_cast<int64_t>(i);
+  }
+  std::vector<std::vector<Instruction>> before(n);
+  std::vector<Instruction> kept;
+  kept.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (!is_fill(code_[i])) continue;
+    const int tile = code_[i].ops[0].tile;
+    if (first_use[tile] >= 0) before[first_use[tile]].push_back(std::move(code_[i]));
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (is_fill(code_[i]) || code_[i].name.empty()) continue;  // moved (or moved-from)
+    for (Instruction& f : before[i]) kept.push_back(std::move(f));
+    kept.push_back(std::move(code_[i]));
+  }
+  code_ = std::move(kept);
+  for (Tile& tile : tiles_) tile.first = std::numeric_limits<int64_t>::max();
+  for (size_t i = 0; i < code_.size(); ++i)
+    for (const auto* list : {&code_[i].ops, &code_[i].dyn_srcs})
+      for (const Access& a : *list)
+        if (a.tile >= 0) tiles_[a.tile].first = std::min<int64_t>(tiles_[a.tile].first, static_cast<int64_t>(i));
+  for (Tile& tile : tiles_)
+    if (tile.first == std::numeric_limits<int64_t>::max()) {
+      tile.dropped = true;  // never used
+      tile.first = tile.last = 0;
+    } else {
+      tile.last = tile.first;
+    }
+}
+
 void Program::finalize() {
   if (finalized_) return;
   const Target& t = target();
+  fill_at_first_use();
   for (const Instruction& ins : code_)
     for (const auto* list : {&ins.ops, &ins.dyn_srcs})
       for (const Access& a : *list)
@@ -164,9 +211,12 @@ void Program::finalize() {
     for (const auto& [start, end] : tile.reserved) alloc_of(tile).reserve(start, end);
     if (tile.pinned) tile.offset = core_base(tile);
   }
-  // Tiles in allocation order (first is non-decreasing); release those whose last use is past.
+  // Tiles in order of first use; release those whose last use is past.
+  std::vector<int> order(tiles_.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return tiles_[a].first < tiles_[b].first; });
   std::vector<int> live;
-  for (size_t i = 0; i < tiles_.size(); ++i) {
+  for (int i : order) {
     Tile& tile = tiles_[i];
     if (tile.pinned || tile.dropped) continue;
     for (auto it = live.begin(); it != live.end();) {
@@ -179,7 +229,7 @@ void Program::finalize() {
       }
     }
     tile.offset = alloc_of(tile).allocate(tile.bytes, tile.what) + core_base(tile);  // throws std::length_error
-    live.push_back(static_cast<int>(i));
+    live.push_back(i);
   }
   for (int c = 0; c < cores_; ++c) {
     sbuf_peak_ = std::max(sbuf_peak_, sbuf[c].peak());

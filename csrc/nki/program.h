@@ -161,6 +161,7 @@ class Program {
 
  private:
   void drop_overwritten_fills();
+  void fill_at_first_use();
   int64_t num_args_;
   std::vector<HbmBuffer> hbm_;
   std::vector<Instruction> code_;

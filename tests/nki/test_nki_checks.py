@@ -265,3 +265,19 @@ def test_affine_range_iterations_writing_one_element_collide():
     assert np.allclose(out[:, :256], a[:128, :256])
     ref = a[0:128, 0:128].T @ a[0:128, 0:512] + a[128:256, 0:128].T @ a[128:256, 0:512]
     assert np.allclose(out[:, 256:], ref[:, 256:], rtol=1e-4)
+
+
+def test_memory_is_taken_at_first_use_not_at_the_allocation_statement():
+    def k(a):
+        # 8 x 64 KiB tiles made up front (512 KiB > one partition's 224 KiB), each used and dead in turn
+        out = nl.ndarray((128, 16384), nl.float32, buffer=nl.shared_hbm)
+        tiles = [nl.ndarray((128, 16384), nl.float32, buffer=nl.sbuf) for _ in range(8)]
+        acc = nl.zeros((128, 16384), nl.float32)
+        for i, t in enumerate(tiles):
+            t[...] = nl.full((128, 16384), float(i), nl.float32)
+            acc[...] = nl.add(acc, t)
+        nl.store(out, value=acc)
+        return out
+    kern = nki.jit(k)
+    assert (kern(np.zeros((1,), np.float32)) == 28).all()
+    assert kern.last_trace_stats.program.sbuf_peak <= 3 * 65536
