@@ -96,7 +96,7 @@ struct HbmBuffer {
 };
 
 // An on-chip allocation. Like the NKI compiler, the program places tiles once
-// the kernel is traced: a tile is live from its allocation to its last use,
+// the kernel is traced: a tile is live from its first use to its last use,
 // and tiles whose lifetimes do not overlap may share memory.
 struct Tile {
   Space space;

@@ -35,7 +35,7 @@ int64_t TileAllocator::allocate(int64_t bytes, const std::string& what) {
                             std::to_string(bytes) + " bytes per partition requested, " +
                             std::to_string(capacity_ - used_) + " of " + std::to_string(capacity_) +
                             " bytes per partition free (largest free range " + std::to_string(largest) +
-                            " bytes); a tile is live from its allocation to its last use: use smaller tiles or fewer at once");
+                            " bytes); a tile is live from its first use to its last use: use smaller tiles or fewer at once");
   }
   live_.emplace(at, size);
   used_ += size;
