@@ -217,3 +217,23 @@ def test_nonzero_with_count_per_gpsimd_core():
         idx = np.nonzero(x[p])[0]
         assert out[p, -1] == len(idx)
         assert np.array_equal(out[p, :len(idx)], idx + 16) and (out[p, len(idx):64] == -1).all()
+
+
+def test_nc_n_gather_within_each_partition():
+    @nki.jit
+    def k(x, idx):
+        out = nl2.ndarray((128, 4, 64), x.dtype, buffer=nl2.shared_hbm)
+        t = nl2.ndarray(x.shape, x.dtype, buffer=nl2.sbuf)
+        nisa2.dma_copy(dst=t, src=x)
+        i = nl2.ndarray(idx.shape, nl2.uint32, buffer=nl2.sbuf)
+        nisa2.dma_copy(dst=i, src=idx)
+        g = nl2.ndarray((128, 4, 64), x.dtype, buffer=nl2.sbuf)
+        nisa2.nc_n_gather(dst=g, data=t, indices=i)
+        nisa2.dma_copy(dst=out, src=g)
+        return out
+    rng = np.random.default_rng(8)
+    x = rng.random((128, 8, 100)).astype(np.float32)
+    idx = rng.integers(0, 800, size=(128, 4, 64)).astype(np.uint32)
+    out = k(x, idx)
+    assert np.array_equal(out, np.take_along_axis(x.reshape(128, -1), idx.reshape(128, -1).astype(np.int64),
+                                                  1).reshape(128, 4, 64))

@@ -72,7 +72,14 @@ def _rows(x, P, F):
     """x as (P, F): a contiguous tile aliased in that shape (merging dims is not a per-dim view)."""
     if isinstance(x, NkiTensor):
         return x.reshape((P, F)).view_all()
-    return as_view(x).reshape((P, F))
+    v = as_view(x)
+    if tuple(v.sizes) == (P, F):
+        return v
+    t = v.tensor
+    if (v.consts == [0] * len(t.shape) and tuple(v.sizes) == tuple(t.shape)
+            and all(tuple(c) == tuple(int(d == k) for d in range(len(v.sizes))) for k, c in enumerate(v.coeffs))):
+        return t.reshape((P, F)).view_all()  # the whole tensor, as it is laid out
+    return v.reshape((P, F))
 
 
 def tensor_copy_dynamic_src(src, *, mask=None, dtype=None, engine=None, _dst=None, **kwargs):

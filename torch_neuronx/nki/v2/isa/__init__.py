@@ -9,6 +9,7 @@ import math
 import torch
 
 from ... import isa as _g1
+from ...isa.gpsimd import _rows
 from ... import language as _nl
 from ..._emit import issue, require_space
 from ..._tensor import PSUM, SBUF, as_view, to_dtype
@@ -310,13 +311,25 @@ def core_barrier(data, cores, engine=engine.gpsimd, name=None):
     _meet(("core_barrier",), set(cores), None, lambda calls: None)
 
 
+def nc_n_gather(dst, data, indices, name=None):
+    """Per partition, ``dst[p, k] = data[p].flat[indices[p, k]]`` (GpSimd; indices uint32, in range)."""
+    d, v, i = as_view(dst), require_space(data, (SBUF,), "nc_n_gather", "data"), \
+        require_space(indices, (SBUF,), "nc_n_gather", "indices")
+    if d.space != SBUF:
+        raise ValueError(f"nc_n_gather dst must be in SBUF, got {d.buffer_space}")
+    P = v.sizes[0]
+    issue("gather", "nc_n_gather", _rows(dst, P, math.prod(d.sizes[1:])),
+          [_rows(data, P, math.prod(v.sizes[1:])), _rows(indices, P, math.prod(i.sizes[1:]))], same_shape=False,
+          roles=["dst", "data", "indices"])
+
+
 def nonzero_with_count(dst, src, index_offset=0, padding_val=-1, name=None):
     """In partitions 0, 16, ..., 112: the indices of src's nonzero elements (+ ``index_offset``),
     ``padding_val`` after them, and their count in dst's last element."""
     d, v = as_view(dst), as_view(src)
     P = v.sizes[0]
-    issue("nonzero", "nonzero_with_count", d.reshape((P, math.prod(d.sizes[1:]))),
-          [v.reshape((P, math.prod(v.sizes[1:])))], ints=[int(index_offset), int(padding_val)], same_shape=False,
+    issue("nonzero", "nonzero_with_count", _rows(dst, P, math.prod(d.sizes[1:])),
+          [_rows(src, P, math.prod(v.sizes[1:]))], ints=[int(index_offset), int(padding_val)], same_shape=False,
           roles=["dst", "src"])
 
 
