@@ -472,11 +472,21 @@ def select_reduce(*, dst, predicate, on_true, on_false, reduce_res=None, reduce_
     """``dst = predicate ? on_true : on_false``, and optionally ``reduce_res = reduce_op(dst)`` over the free dims."""
     d = require_space(dst, (SBUF, PSUM), "select_reduce", "dst")
     _where_into("select_reduce", d, predicate, on_true, on_false, reverse_pred, mask)
+    _reduce_registers("select_reduce", d, reduce_res, reduce_op, reduce_cmd)
+
+
+def _reduce_registers(name, d, reduce_res, reduce_op, cmd):
+    """The Vector Engine's reduction of ``d`` along its free dims into its registers under ``cmd``
+    (``reduce_res`` receives them; idle: ``reduce_res`` gets this reduction alone)."""
+    cmd = _cmd(cmd)
+    if reduce_res is None and cmd == 0:
+        return
+    srcs, roles = [d], ["dst", "data"]
     if reduce_res is not None:
-        r = require_space(reduce_res, (SBUF, PSUM), "select_reduce", "reduce_res")
-        axes = list(range(1, len(d.sizes)))
-        issue("reduce", "select_reduce", r.reshape([d.sizes[0]] + [1] * len(axes)), [d], fns=[_op(reduce_op)],
-              ints=[0] + axes, same_shape=False, roles=["reduce_res", "dst"])
+        srcs.append(require_space(reduce_res, (SBUF, PSUM), name, "reduce_res"))
+        roles.append("reduce_res")
+    issue("tensor_scalar", name, d, srcs, fns=["bypass", "", _op(reduce_op)], scalars=[0.0, 0.0, 0.0],
+          ints=[0, 0, 0, 0, int(reduce_res is not None), cmd, 0, 0], same_shape=False, roles=roles)
 
 
 def tensor_scalar_cumulative(*, src, dst, op0, op1, imm0, imm1=None, reduce_cmd=reduce_cmd.reset_reduce, mask=None,
@@ -515,11 +525,7 @@ def range_select(*, on_true_tile, comp_op0, comp_op1, bound0, bound1, reduce_cmd
     issue("where", "range_select", d, [nl._broadcast(keep, d.sizes) if keep.shape != tuple(d.sizes) else
                                        as_view(keep), v], ints=[1, 0], scalars=[0.0, float(on_false_value)],
           mask=mask)
-    if reduce_res is not None:
-        r = require_space(reduce_res, (SBUF, PSUM), "range_select", "reduce_res")
-        axes = list(range(1, len(d.sizes)))
-        issue("reduce", "range_select", r.reshape([d.sizes[0]] + [1] * len(axes)), [d], fns=[_op(reduce_op)],
-              ints=[0] + axes, same_shape=False, roles=["reduce_res", "dst"])
+    _reduce_registers("range_select", d, reduce_res, reduce_op, reduce_cmd)
     return t
 
 

@@ -243,7 +243,7 @@ def range_select(dst, on_true_tile, comp_op0, comp_op1, bound0, bound1, reduce_c
                  reduce_res=None, reduce_op=_nl.maximum, range_start=0, on_false_value=-3.4028234663852886e38,
                  name=None):
     _g1.range_select(on_true_tile=on_true_tile, comp_op0=comp_op0, comp_op1=comp_op1, bound0=bound0, bound1=bound1,
-                     reduce_res=reduce_res, reduce_op=reduce_op, range_start=range_start,
+                     reduce_res=reduce_res, reduce_op=reduce_op, reduce_cmd=reduce_cmd, range_start=range_start,
                      on_false_value=on_false_value, dtype=_dt(dst), _dst=dst)
 
 
@@ -340,7 +340,7 @@ def tensor_copy_predicated(dst, src, predicate, reverse_pred=False, name=None):
 def select_reduce(dst, predicate, on_true, on_false, reduce_res=None, reduce_cmd=reduce_cmd.idle,
                   reduce_op=_nl.maximum, reverse_pred=False, name=None):
     _g1.select_reduce(dst=dst, predicate=predicate, on_true=on_true, on_false=on_false, reduce_res=reduce_res,
-                      reduce_op=reduce_op, reverse_pred=reverse_pred)
+                      reduce_cmd=reduce_cmd, reduce_op=reduce_op, reverse_pred=reverse_pred)
 
 
 def tensor_scalar_cumulative(dst, src, op0, op1, imm0, imm1=None, reduce_cmd=reduce_cmd.reset_reduce, name=None):
