@@ -335,3 +335,23 @@ def test_float_to_int_rounds_to_nearest_even_and_1d_hbm_stores():
         return out
     x = np.array([0.5, 1.5, 2.5, -0.5, -1.5, 2.49, 2.51, -2.7] * 16, np.float32).reshape(128, 1)
     assert np.array_equal(k(x), np.rint(x[:, 0]).astype(np.int32))
+
+
+def test_select_reduce_chains_the_vector_registers():
+    @nki.jit
+    def k(a, b, p):
+        out = nl.ndarray((128, 1), nl.float32, buffer=nl.shared_hbm)
+        x, y, pr = _sbuf(a), _sbuf(b), _sbuf(p)
+        s = nl.ndarray(a.shape, nl.float32, buffer=nl.sbuf)
+        r = nl.ndarray((128, 1), nl.float32, buffer=nl.sbuf)
+        nisa.select_reduce(dst=s, predicate=pr, on_true=x, on_false=-1.0, reduce_op=nl.maximum,
+                           reduce_cmd=nisa.reduce_cmd.reset_reduce)
+        nisa.select_reduce(dst=s, predicate=pr, on_true=y, on_false=-1.0, reduce_op=nl.maximum, reduce_res=r,
+                           reduce_cmd=nisa.reduce_cmd.reduce)
+        nisa.dma_copy(dst=out, src=r)
+        return out
+    rng = np.random.default_rng(9)
+    a, b = rng.random((128, 64)).astype(np.float32), rng.random((128, 64)).astype(np.float32)
+    p = (rng.random((128, 64)) < 0.5).astype(np.float32)
+    ref = np.maximum(np.where(p > 0, a, -1).max(1), np.where(p > 0, b, -1).max(1))
+    assert np.allclose(k(a, b, p)[:, 0], ref)
