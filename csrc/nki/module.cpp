@@ -71,7 +71,7 @@ Access access_of(const py::handle& h) {
     for (const auto& d : t[7].cast<py::list>()) {
       auto dt = d.cast<py::tuple>();
       a.dynamic.push_back({dt[0].cast<int>(), dt[1].cast<int64_t>(), dt[2].cast<int64_t>(), dt[3].cast<int64_t>(),
-                           dt[4].cast<std::string>()});
+                           dt[4].cast<std::string>(), dt.size() > 5 && dt[5].cast<bool>()});
     }
   return a;
 }

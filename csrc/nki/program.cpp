@@ -319,7 +319,9 @@ at::Tensor view_of(const Access& a, const at::Tensor& buffer, const std::string&
 
 // An access with its run-time offsets applied: each value is read from its
 // (1, 1) tile now, and must keep the access inside its tensor.
-Access at_run_time(const Instruction& ins, const Access& a, const std::vector<const at::Tensor*>& buffers) {
+// An index outside the tensor raises, or (oob_mode.skip) makes `skip` true.
+Access at_run_time(const Instruction& ins, const Access& a, const std::vector<const at::Tensor*>& buffers,
+                   bool& skip) {
   Access r = a;
   r.dynamic.clear();
   std::vector<int64_t> reversed;
@@ -327,6 +329,10 @@ Access at_run_time(const Instruction& ins, const Access& a, const std::vector<co
     const Access& src = ins.dyn_srcs.at(d.source);
     const int64_t value = static_cast<int64_t>(view_of(src, *buffers.at(src.buffer), ins.name, reversed)
                                                    .reshape({-1})[0].item<double>());
+    if (d.skip && (value < d.lo || value > d.hi)) {
+      skip = true;
+      return a;
+    }
     TORCH_CHECK_INDEX(value >= d.lo && value <= d.hi, ins.name, ": ", a.role, " run-time index ", value,
                       " reaches outside ", d.what, " (it must be in [", d.lo, ", ", d.hi, "])");
     r.byte_offset += value * d.stride * static_cast<int64_t>(c10::elementSize(a.dtype));
@@ -363,10 +369,12 @@ void Program::run(const std::vector<at::Tensor>& hbm) const {
     views.clear();
     at::Tensor dst_ascending;
     std::vector<int64_t> dst_reversed;
-    for (size_t i = 0; i < ins.ops.size(); ++i) {
+    bool skip = false;
+    for (size_t i = 0; i < ins.ops.size() && !skip; ++i) {
       const Access& a = ins.ops[i];
       at::Tensor v = a.dynamic.empty() ? view_of(a, *buffers.at(a.buffer), ins.name, reversed)
-                                       : view_of(at_run_time(ins, a, buffers), *buffers.at(a.buffer), ins.name, reversed);
+                                       : view_of(at_run_time(ins, a, buffers, skip), *buffers.at(a.buffer), ins.name,
+                                                 reversed);
       if (!reversed.empty()) {
         if (i == 0) {  // the destination: computed in a copy, written back reversed
           dst_ascending = v;
@@ -376,6 +384,7 @@ void Program::run(const std::vector<at::Tensor>& hbm) const {
       }
       views.push_back(std::move(v));
     }
+    if (skip) continue;
     execute(ins, views, state);
     if (dst_ascending.defined()) dst_ascending.copy_(views[0].flip(dst_reversed));
   }

@@ -27,6 +27,7 @@ struct DynamicOffset {
   int64_t stride = 0;        // elements per unit of the value
   int64_t lo = 0, hi = 0;    // values that keep the access inside its tensor
   std::string what;          // "dimension 1 of src_tensor_sbuf (size 512)", for the error
+  bool skip = false;         // outside [lo, hi]: the instruction does nothing (oob_mode.skip)
 };
 
 struct Access {

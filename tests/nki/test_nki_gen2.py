@@ -355,3 +355,37 @@ def test_select_reduce_chains_the_vector_registers():
     p = (rng.random((128, 64)) < 0.5).astype(np.float32)
     ref = np.maximum(np.where(p > 0, a, -1).max(1), np.where(p > 0, b, -1).max(1))
     assert np.allclose(k(a, b, p)[:, 0], ref)
+
+
+def test_reshape_merges_contiguous_dims_and_indirect_scatter_keeps_its_rows():
+    @nki.jit
+    def k(x, idx, offs):
+        out = nl.ndarray((128, 512), x.dtype, buffer=nl.shared_hbm)
+        s = nl.ndarray((128, 32, 128), x.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=s, src=x)
+        nisa.dma_copy(dst=out, src=s[:, 0:4, :].reshape((128, 512)))  # 4 x 128 contiguous per partition
+        table = nl.ndarray((300, 64), x.dtype, buffer=nl.shared_hbm)
+        z = nl.ndarray((100, 64), x.dtype, buffer=nl.sbuf)
+        nisa.memset(dst=z, value=0.0)
+        for r in range(3):
+            nisa.dma_copy(dst=table[r * 100:(r + 1) * 100, :], src=z)
+        ids = nl.ndarray((128, 1), nl.int32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=ids, src=idx)
+        # an indirect destination whose pattern has another shape than the source: rows stay rows
+        nisa.dma_copy(dst=table.ap(pattern=[[64, 128], [1, 1], [1, 64]], offset=0, vector_offset=ids,
+                                   indirect_dim=0), src=s[:, 0, 0:64])
+        o = nl.ndarray((1, 2), nl.int32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=o, src=offs)
+        for i in range(2):  # a run-time row outside the table is skipped under oob_mode.skip
+            nisa.dma_copy(dst=table.ap(pattern=[[64, 1], [1, 64]], offset=0, scalar_offset=o[0:1, i:i + 1],
+                                       indirect_dim=0), src=s[0:1, 1, 0:64], oob_mode=nisa.oob_mode.skip)
+        return out, table
+    rng = np.random.default_rng(10)
+    x = rng.random((128, 32, 128)).astype(np.float32)
+    idx = rng.permutation(300)[:128].reshape(128, 1).astype(np.int32)
+    out, table = k(x, idx, np.array([[299, -1000000]], np.int32))
+    assert np.array_equal(out, x[:, 0:4, :].reshape(128, 512))
+    want = np.zeros((300, 64), np.float32)
+    want[idx[:, 0]] = x[:, 0, 0:64]
+    want[299] = x[0, 1, 0:64]
+    assert np.array_equal(table, want)

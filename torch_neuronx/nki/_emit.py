@@ -278,7 +278,7 @@ def issue(kind, name, dst, srcs=(), fns=(), scalars=(), ints=(), mask=None, cons
     if any(0 in v.sizes for v in ops):
         return
     dyn_srcs = []
-    accesses = [v.access(r, dyn_srcs) for v, r in zip(ops, roles)]
+    accesses = [v.access(r, dyn_srcs, oob_skip) for v, r in zip(ops, roles)]
     ints = list(ints)
     if kind == "copy" and accumulate:
         ints = [1]  # dst += src (an indirect copy below sets its own)

@@ -447,11 +447,45 @@ class View(TileMath):
             for k in range(len(self.consts)):
                 new_coeffs[k][e] = sum(self.coeffs[k][d] * step_coeffs[d] for d in range(len(self.sizes)))
             acc *= shape[e]
-        v = View(self.tensor, shape, self.consts, new_coeffs, dynamic=self.dynamic)
+        indirect = self.indirect
+        if indirect is not None and (not shape or shape[0] != self.sizes[0]):
+            raise ValueError(f"reshape of {self.sizes} into {shape}: an indirect access keeps its rows (dim 0)")
+        v = View(self.tensor, shape, self.consts, new_coeffs, indirect, self.dynamic)
         # valid only if every element maps as the row-major reshape would
         if not _reshape_is_affine(self, v):
+            flat = self._as_flat()  # dims may still merge in memory (a contiguous tensor)
+            if flat is not None and flat is not self:
+                return flat.reshape(shape)
             raise ValueError(f"reshape of {self.sizes} into {shape} does not keep a regular access pattern")
         return v
+
+    def _as_flat(self):
+        """This access over the tensor's storage seen flat ((P, F) on chip, (N,) in HBM), where
+        dims that are contiguous in memory can merge; None if the tensor is not contiguous."""
+        t = self.tensor
+        row = [math.prod(t.shape[k + 1:]) for k in range(len(t.shape))]
+        n = len(self.sizes)
+        if self.indirect is not None or t.block_locs is not None:
+            return None
+        if t.space == HBM:
+            if list(t.strides) != row or len(t.shape) == 1:
+                return None
+            flat = NkiTensor(t.trace, t.bufidx, t.space, (math.prod(t.shape),), t.tdtype, (1,), t.byte_offset, None,
+                             t.name)
+            groups = [list(range(len(t.shape)))]
+        else:
+            if t.partition_axis or list(t.strides[1:]) != row[1:] or len(t.shape) == 2:
+                return None
+            flat = NkiTensor(t.trace, t.bufidx, t.space, (t.shape[0], math.prod(t.shape[1:])), t.tdtype,
+                             (t.strides[0], 1), t.byte_offset, 0, t.name, t.tile)
+            groups = [[0], list(range(1, len(t.shape)))]
+        flat._base = t
+        scale = [1] + row[1:] if t.space != HBM else row
+        consts = [sum(self.consts[k] * scale[k] for k in g) for g in groups]
+        coeffs = [tuple(sum(self.coeffs[k][d] * scale[k] for k in g) for d in range(n)) for g in groups]
+        which = {k: j for j, g in enumerate(groups) for k in g}
+        dynamic = [(which[k], sv, sc * scale[k]) for k, sv, sc in self.dynamic]
+        return View(flat, self.sizes, consts, coeffs, None, dynamic)
 
     def broadcast_to(self, shape):  # noqa: F811 - the view's own
         """Stride-0 expansion of size-1 dims (and new leading dims)."""
@@ -643,8 +677,9 @@ class View(TileMath):
                         f"(shape {t.shape}); indices must stay in [0, {n}) or be masked with mask=")
         return None
 
-    def access(self, role, dyn_srcs=None):
-        """The core's access tuple; run-time indices add their (1, 1) source tiles to ``dyn_srcs``."""
+    def access(self, role, dyn_srcs=None, oob_skip=False):
+        """The core's access tuple; run-time indices add their (1, 1) source tiles to ``dyn_srcs``
+        (``oob_skip``: an index outside the tensor skips the instruction instead of raising)."""
         t = self.tensor
         item = itemsize(t.tdtype)
         off = t.byte_offset + item * sum(self.consts[k] * t.strides[k] for k in range(len(t.shape)))
@@ -671,7 +706,7 @@ class View(TileMath):
                 vlo, vhi = -((hi - n + 1) // scale), (-lo) // scale
             dyn_srcs.append(sv.access(role + "_offset"))
             entries.append((len(dyn_srcs) - 1, scale * t.strides[k], vlo, vhi,
-                            f"dimension {k} of {t.name or 'the tensor'} (size {n})"))
+                            f"dimension {k} of {t.name or 'the tensor'} (size {n})", bool(oob_skip)))
         return (t.bufidx, t.tdtype, off, list(self.sizes), strides, role, t.tile, entries)
 
     def _block_offsets(self, strides, item):

@@ -403,7 +403,7 @@ def dma_copy(*, dst, src, mask=None, dst_rmw_op=None, oob_mode=oob_mode.error, d
         raise ValueError(f"dma_copy requires src and dst to have the same number of elements, got "
                          f"src={math.prod(s.sizes)}, dst={math.prod(d.sizes)}")
     if s.sizes != d.sizes:  # the same elements in another shape: the HBM side takes the on-chip side's
-        if d.space == HBM and s.space != HBM:
+        if d.space == HBM and s.space != HBM and d.indirect is None:
             d = d.reshape(s.sizes)
         else:
             s = s.reshape(d.sizes)

@@ -77,7 +77,7 @@ def _g1_engine(e):
 
 def dma_copy(dst, src, priority=None, oob_mode=oob_mode.error, dge_mode=dge_mode.unknown, engine=engine.unknown,
              name=None):
-    _g1.dma_copy(dst=dst, src=src)
+    _g1.dma_copy(dst=dst, src=src, oob_mode=_g1.oob_mode(oob_mode.value))
 
 
 def tensor_copy(dst, src, engine=engine.unknown, name=None):
