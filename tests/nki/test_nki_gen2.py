@@ -389,3 +389,22 @@ def test_reshape_merges_contiguous_dims_and_indirect_scatter_keeps_its_rows():
     want[idx[:, 0]] = x[:, 0, 0:64]
     want[299] = x[0, 1, 0:64]
     assert np.array_equal(table, want)
+
+
+def test_logical_cores_run_side_by_side():
+    # core 1 initialises the output at once; core 0 writes it after a long computation. Cores that run
+    # at the same pace (as on hardware) leave core 0's value; one core running ahead would not.
+    @nki.jit
+    def k(x):
+        out = nl.ndarray((128, 8), nl.float32, buffer=nl.shared_hbm)
+        t = nl.ndarray((128, 8), nl.float32, buffer=nl.sbuf, address=(0, 0))  # each core's own SBUF
+        if nl.program_id(0) == 1:
+            nisa.memset(dst=t, value=0.0)
+            nisa.dma_copy(dst=out, src=t)
+        else:
+            nisa.memset(dst=t, value=1.0)
+            for _ in range(8):
+                nisa.tensor_scalar(dst=t, data=t, op0=nl.multiply, operand0=1.0)
+            nisa.dma_copy(dst=out, src=t)
+        return out
+    assert (k[2](np.zeros((1,), np.float32)) == 1).all()

@@ -293,6 +293,8 @@ def issue(kind, name, dst, srcs=(), fns=(), scalars=(), ints=(), mask=None, cons
     tr.program.emit(kind, name, accesses, list(fns), [_fp32_scalar(s) for s in scalars], [int(i) for i in ints],
                     _shared_mask(tr, mask_t), constant, "", dyn_srcs)
     tr.count(name)
+    if tr.lockstep is not None:
+        tr.lockstep.step()
     if tr.loops and kind != "print":
         rmw = accumulate or (kind in ("matmul", "tensor_tensor") and ints and ints[0]) or any(
             a[:5] == accesses[0][:5] for a in accesses[1:])

@@ -5,7 +5,9 @@ time and meet at ``nisa.sendrecv`` and ``nisa.core_barrier``. Here each
 instance's Python body runs in its own thread; one runs at a time, until it
 finishes or waits at a meeting point for its partner, so the program's
 instructions are issued in an order the cores could have run them in. With no
-meeting points the instances run one after another, as before.
+meeting points the instances run one after another, as before. The logical cores of a Gen-2
+``kernel[lnc]`` launch (``interleave``) instead take turns instruction by instruction, as cores
+running at the same pace would, so neither runs far ahead of the other between meetings.
 """
 from __future__ import annotations
 
@@ -17,8 +19,10 @@ class _Abort(BaseException):
 
 
 class Lockstep:
-    def __init__(self, tr, pids, run_instance):
+    def __init__(self, tr, pids, run_instance, interleave=False):
         self.tr, self.pids, self.run_instance = tr, pids, run_instance
+        self.interleave = interleave
+        self.in_action = False
         self.cv = threading.Condition()
         self.state = {i: "ready" for i in range(len(pids))}
         self.turn = 0
@@ -71,6 +75,20 @@ class Lockstep:
         self.turn = ready[0] if ready else None
         self.cv.notify_all()
 
+    def step(self):
+        """After each instruction of an interleaved launch: the next ready core takes its turn."""
+        if not self.interleave or self.in_action:
+            return
+        me = self.tr.instance_index
+        with self.cv:
+            n = len(self.pids)
+            nxt = next((j for j in ((me + d) % n for d in range(1, n)) if self.state[j] == "ready"), None)
+            if nxt is None:
+                return
+            self.turn = nxt
+            self.cv.notify_all()
+            self._wait_turn(me)
+
     def meet(self, key, rank, participants, payload, action):
         """Waits until every rank of ``participants`` has reached meeting ``key``; the last to
         arrive runs ``action({rank: payload})`` (issuing the instructions of the exchange)."""
@@ -82,7 +100,11 @@ class Lockstep:
             arrivals[rank] = (payload, me)
             if set(arrivals) >= set(participants):
                 del self.meetings[key]
-                action({r: p for r, (p, _) in arrivals.items()})
+                self.in_action = True
+                try:
+                    action({r: p for r, (p, _) in arrivals.items()})
+                finally:
+                    self.in_action = False
                 for r, (_, j) in arrivals.items():
                     if j != me:
                         self.state[j] = "ready"

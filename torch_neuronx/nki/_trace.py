@@ -248,6 +248,8 @@ class _Launcher:
         for i, a in enumerate(call_args):
             if isinstance(a, NkiTensor) and i < len(params):
                 a.name = params[i]
+        # Gen-2 kernel[lnc]: the instances are logical cores (own memories, running side by side)
+        lnc = k.gen == 2 and len(grid) == 1 and grid[0] > 1
         prev = _emit.set_current(tr)
         result = None
         try:
@@ -261,12 +263,12 @@ class _Launcher:
                 for pid in pids:
                     groups.setdefault(pid[1:], []).append(pid)
                 for group in groups.values():
-                    rs = Lockstep(tr, group, lambda pid: k.func(*call_args, **call_kwargs)).run()
+                    rs = Lockstep(tr, group, lambda pid: k.func(*call_args, **call_kwargs), interleave=lnc).run()
                     if result is None:
                         result = _to_hbm(rs[0], tr)
         finally:
             _emit.set_current(prev)
-        if tr.synced:
+        if tr.synced or lnc:
             tr.program.set_cores(grid[0])
         tr.program.finalize()  # places the tiles: MemoryError when they do not fit
         spec = _result_spec(result, tr)
