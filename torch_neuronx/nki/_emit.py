@@ -298,7 +298,7 @@ def issue(kind, name, dst, srcs=(), fns=(), scalars=(), ints=(), mask=None, cons
     if tr.loops and kind != "print":
         rmw = accumulate or (kind in ("matmul", "tensor_tensor") and ints and ints[0]) or any(
             a[:5] == accesses[0][:5] for a in accesses[1:])
-        _loops.check_writes(tr, ops[0], mask_t, rmw, kernel_line())
+        _loops.check_writes(tr, ops[0], mask_t, rmw)
     w = ops[0]
     if fresh and w.tensor is dst.tensor and w.indirect is None:
         # the instruction making a result tile, which assigning may redirect (retarget); no
@@ -382,7 +382,7 @@ def retarget(d, value, accumulate=False):
     if not tr.program.retarget_last(t.tile, access, accumulate):
         return False
     if tr.loops:
-        _loops.check_writes(tr, d, None, accumulate, kernel_line())
+        _loops.check_writes(tr, d, None, accumulate)
     if d.space == PSUM:
         mark_written(d)
     t._producer = None

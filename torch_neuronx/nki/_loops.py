@@ -61,7 +61,7 @@ def base_of(t):
     return t
 
 
-def check_writes(tr, view, mask_t, accumulate, where):
+def check_writes(tr, view, mask_t, accumulate):
     """Records the elements an instruction writes in the enclosing affine loops; raises when
     another iteration of one of them wrote one of them (for tensors made before the loop).
     Elements are the tensor's own (row-major index), so blocks that a manual placement puts at
@@ -84,10 +84,11 @@ def check_writes(tr, view, mask_t, accumulate, where):
         prev = owner[0][index]
         clash = (prev >= 0) & (prev != f.iteration)
         if clash.any():
+            from ._emit import kernel_line  # the kernel line only when it is reported (a frame walk)
             other = int(prev[clash][0])
             raise ValueError(f"affine_range iterations {other} and {f.iteration} both write {base.name or 'a tensor'} "
-                             f"(at {where}): the iterations of an affine_range loop must be independent; use "
-                             f"sequential_range when one iteration depends on another")
+                             f"(at {kernel_line()}): the iterations of an affine_range loop must be independent; "
+                             f"use sequential_range when one iteration depends on another")
         owner[0][index] = f.iteration
 
 

@@ -12,7 +12,6 @@ import math
 import sys
 
 import numpy as np
-import torch
 
 from . import _index
 from ._index import DynSlice, IndexExpr

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from .. import language as nl
-from .._emit import issue, new_tile, require_space
+from .._emit import issue, require_space
 from .._tensor import PSUM, SBUF, NkiTensor, as_view
 
 

@@ -82,7 +82,6 @@ def dma_copy(dst, src, priority=None, oob_mode=oob_mode.error, dge_mode=dge_mode
 
 def tensor_copy(dst, src, engine=engine.unknown, name=None):
     d = as_view(dst)
-    v = as_view(src)
     if d.space not in (SBUF, PSUM):
         raise TypeError(f"tensor_copy dst must be in ['sbuf', 'psum'], got {d.buffer_space}")
     _g1.tensor_copy(src, dtype=d.tdtype, _dst=dst)
