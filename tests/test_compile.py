@@ -876,6 +876,37 @@ def test_effectful_checks_compile_in_graph_order_and_raise_linalg_errors():
     torch.testing.assert_close(f(a.to("neuron"), b.to("neuron"))[0].cpu(), inv.cpu())  # usable afterwards
 
 
+RANDOM_PROGRAMS = {
+    "dropout": lambda x: F.dropout(x, 0.5, training=True),
+    "rand_like": lambda x: torch.rand_like(x) + x,
+    "randn": lambda x: torch.randn(x.shape, device=x.device) * x,
+    "randint": lambda x: torch.randint(0, 100, x.shape, device=x.device) + x,
+    "randperm": lambda x: torch.randperm(x.numel(), device=x.device).float() + x,
+    "bernoulli": lambda x: torch.bernoulli(x * 0.5),
+}
+
+
+@pytest.mark.parametrize("name", RANDOM_PROGRAMS)
+def test_compiled_random_ops_draw_at_launch_from_the_neuron_generator(name):
+    """A launch takes the neuron generator's state when the host queues it, as eager ops do:
+    a manual_seed after it (the queue still busy) does not reach it, and the draws are eager's."""
+    fn = RANDOM_PROGRAMS[name]
+    f = torch.compile(fn, backend="neuron")
+    x = torch.ones(4096, device="neuron")
+    m = torch.randn(1024, 1024, device="neuron")
+    torch.manual_seed(7)  # CPU's generator differs from neuron's below: drawing from it shows
+    torch.neuron.manual_seed(3)
+    expected = fn(x)
+    busy = m
+    for _ in range(6):
+        busy = busy @ m  # the launches below wait behind these
+    torch.neuron.manual_seed(3)
+    a = f(x)
+    torch.neuron.manual_seed(3)
+    b = f(x)
+    assert torch.equal(a, expected) and torch.equal(b, expected)
+
+
 def test_random_ops_compile_and_draw_from_the_neuron_generator():
     f = torch.compile(lambda x: F.dropout(x, 0.5, training=True), backend="neuron")
     x = torch.ones(4096, device="neuron")

@@ -79,6 +79,15 @@ Executable::Executable(Graph g, std::vector<FusionGroup> groups, std::vector<Ker
     const auto& formals = n.op->schema().arguments();
     for (size_t k = 0; k < n.args.size(); ++k) arg_convs_[i].push_back(arg_conv(formals[k], n.args[k]));
   }
+  gen_slot_.assign(graph_.nodes.size(), -1);
+  int slots = static_cast<int>(graph_.values.size());
+  for (size_t i = 0; i < graph_.nodes.size(); ++i)
+    for (ArgConv c : arg_convs_[i])
+      if (c == ArgConv::kGenerator) {
+        if (gen_slot_[i] < 0) gen_slot_[i] = slots;
+        ++slots;
+      }
+  env_size_ = slots;
   out_op_.assign(graph_.nodes.size(), std::nullopt);
   out_failed_ = std::make_unique<std::atomic<bool>[]>(graph_.nodes.size());
   for (size_t i = 0; i < graph_.nodes.size(); ++i) {

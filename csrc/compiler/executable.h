@@ -58,6 +58,11 @@ class __attribute__((visibility("hidden"))) Executable : public std::enable_shar
   };
   static ArgConv arg_conv(const c10::Argument& formal, const Arg& a);
   std::vector<std::vector<ArgConv>> arg_convs_;  // per node (aten nodes; empty for scalar ops)
+  // Per node: the env slot of its first generator argument, or -1. The launch resolves each
+  // generator to the CPU generator it draws from on the host, in program order: a later
+  // manual_seed on the host must not reach a launch that is still queued.
+  std::vector<int> gen_slot_;
+  size_t env_size_ = 0;  // values, then the generator slots
   Graph graph_;
   std::vector<FusionGroup> groups_;
   std::vector<KernelFn> kernels_;

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "backend/common.h"
+#include "backend/generator.h"
 #include "backend/tensor_views.h"
 #include "compiler/executable.h"
 #include "compiler/scalar_ops.h"
@@ -92,6 +93,17 @@ std::vector<c10::IValue> Executable::launch(const std::vector<c10::IValue>& inpu
     }
   }
   for (const auto& [v, c] : constants_) env[v] = c;
+  env.resize(env_size_);
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    int slot = gen_slot_[i];
+    if (slot < 0) continue;
+    for (size_t k = 0; k < g.nodes[i].args.size(); ++k) {
+      if (arg_convs_[i][k] != ArgConv::kGenerator) continue;
+      const Arg& a = g.nodes[i].args[k];
+      const c10::IValue& v = a.kind == Arg::Kind::kValue ? env[a.value] : a.constant;
+      env[slot++] = kernel_generator(v.isNone() ? std::nullopt : std::optional<at::Generator>(v.toGenerator()), d);
+    }
+  }
   // Scalar ops (symbolic sizes and floats) are host work: evaluate them now.
   for (const auto& n : g.nodes) {
     if (n.kind != Node::Kind::kScalarOp) continue;

@@ -10,7 +10,6 @@
 #include <limits>
 
 #include "backend/common.h"
-#include "backend/generator.h"
 #include "compiler/epilogue_fusion.h"
 #include "compiler/executable.h"
 #include "compiler/scalar_ops.h"
@@ -26,14 +25,13 @@ void Executable::run_node(int ni, std::vector<c10::IValue>& env, const std::vect
   auto item = [&](const Arg& x) -> const c10::IValue& { return x.kind == Arg::Kind::kValue ? env[x.value] : x.constant; };
   c10::Stack stack;
   stack.reserve(n.args.size() + 1);
+  int gen_slot = gen_slot_[ni];
   for (size_t i = 0; i < n.args.size(); ++i) {
     const Arg& a = n.args[i];
     switch (convs[i]) {
-      case ArgConv::kGenerator: {
-        const c10::IValue& v = item(a);
-        stack.emplace_back(kernel_generator(v.isNone() ? std::nullopt : std::optional<at::Generator>(v.toGenerator()), d));
+      case ArgConv::kGenerator:
+        stack.push_back(env.at(gen_slot++));  // resolved at launch
         break;
-      }
       case ArgConv::kTensorList: {
         c10::List<at::Tensor> l;
         l.reserve(a.items.size());

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <type_traits>
 #include <unordered_map>
+#include <utility>
 #include <sstream>
 #include <stdexcept>
 
@@ -233,5 +234,42 @@ bool has_effect(const Node& n) {
 }
 
 bool is_random(const Node& n) { return n.kind == Node::Kind::kAten && n.op->hasTag(at::Tag::nondeterministic_seeded); }
+
+namespace {
+bool is_generator(const c10::Argument& a) {
+  const auto& t = a.type();
+  return t->kind() == c10::TypeKind::GeneratorType ||
+         (t->kind() == c10::TypeKind::OptionalType &&
+          t->castRaw<c10::OptionalType>()->getElementType()->kind() == c10::TypeKind::GeneratorType);
+}
+}  // namespace
+
+std::optional<std::pair<c10::OperatorHandle, size_t>> generator_overload(const c10::OperatorHandle& op) {
+  if (!op.hasTag(at::Tag::nondeterministic_seeded)) return std::nullopt;
+  const auto& a = op.schema().arguments();
+  for (const auto& f : a)
+    if (is_generator(f)) return std::nullopt;
+  for (const auto& name : c10::Dispatcher::singleton().getAllOpNames()) {
+    if (name.name != op.schema().name() || name.overload_name == op.schema().overload_name()) continue;
+    auto h = c10::Dispatcher::singleton().findSchema(name);
+    if (!h || !h->hasTag(at::Tag::nondeterministic_seeded)) continue;
+    const auto& b = h->schema().arguments();
+    if (b.size() != a.size() + 1 || h->schema().returns().size() != op.schema().returns().size()) continue;
+    // Same arguments, in order, with one generator inserted somewhere.
+    size_t gen = b.size(), i = 0;
+    bool same = true;
+    for (size_t j = 0; same && j < b.size(); ++j) {
+      if (gen == b.size() && is_generator(b[j])) {
+        gen = j;
+        continue;
+      }
+      same = i < a.size() && a[i].name() == b[j].name() && a[i].type()->str() == b[j].type()->str();
+      ++i;
+    }
+    same = same && i == a.size();
+    if (same && gen < b.size()) return std::make_pair(*h, gen);
+  }
+  return std::nullopt;
+}
 
 }  // namespace neuronx::compiler

@@ -113,6 +113,11 @@ void for_each_value(const Node& n, F&& fn) {
 bool writes_operand(const Node& n);  // the op's schema writes one of its operands
 bool has_effect(const Node& n);      // writes an operand, or returns nothing (a check that may raise)
 bool is_random(const Node& n);       // nondeterministic_seeded: two calls differ
+// For a random op whose schema takes no generator (rand_like, randint, ...): its overload that
+// does, and where the generator goes. On the device the program draws from the neuron
+// generator its launch captured; without a generator argument the CPU kernel would draw from
+// CPU's default generator, when the program runs.
+std::optional<std::pair<c10::OperatorHandle, size_t>> generator_overload(const c10::OperatorHandle& op);
 
 struct Graph {
   std::vector<Value> values;

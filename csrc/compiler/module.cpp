@@ -141,6 +141,11 @@ Graph to_graph(const py::dict& desc) {
           n.args.push_back(std::move(a));
         }
       }
+      if (auto seeded = generator_overload(*n.op)) {  // draw from the neuron generator
+        n.op = seeded->first;
+        n.target = n.op->schema().name() + "." + n.op->schema().overload_name();
+        n.args.insert(n.args.begin() + static_cast<std::ptrdiff_t>(seeded->second), Arg{});
+      }
     } else {
       n.kind = Node::Kind::kScalarOp;
       n.id = op_id(n.target);

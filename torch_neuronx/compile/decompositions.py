@@ -3,7 +3,10 @@
 ``nn.TransformerEncoderLayer`` in inference runs one fused op (``_transformer_encoder_layer_fwd``,
 PyTorch's "fast path"), which Dynamo records as is. As one op it is an opaque library call;
 in pieces its linears become oneDNN matmuls with the bias, GELU and residual adds fused, around
-the same scaled-dot-product attention."""
+the same scaled-dot-product attention.
+
+``native_dropout`` takes no generator: its CPU kernel would draw from CPU's default generator.
+In pieces it draws its mask with ``bernoulli`` from the neuron generator, as eager does."""
 import torch
 import torch.nn.functional as F
 
@@ -35,4 +38,15 @@ def transformer_encoder_layer_fwd(src, embed_dim, num_heads, qkv_weight, qkv_bia
     return x
 
 
-NEURON_DECOMPOSITIONS = {aten._transformer_encoder_layer_fwd.default: transformer_encoder_layer_fwd}
+def native_dropout(input, p, train):
+    """``aten.native_dropout`` as eager runs it on neuron: a ``bernoulli`` mask (same draws), then
+    ``input * mask * 1/(1-p)``."""
+    if train is not None and not train:
+        return input.clone(), torch.ones_like(input, dtype=torch.bool)
+    keep = 1.0 - p
+    mask = aten.bernoulli.p(torch.empty_like(input, dtype=torch.bool), keep)
+    return input * mask * (0.0 if keep == 0 else 1.0 / keep), mask
+
+
+NEURON_DECOMPOSITIONS = {aten._transformer_encoder_layer_fwd.default: transformer_encoder_layer_fwd,
+                         aten.native_dropout.default: native_dropout}
