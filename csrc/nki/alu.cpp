@@ -79,6 +79,10 @@ const std::map<std::string, Unary>& activation_table() {
       {"gelu", [](auto& x, double) { return at::gelu(x); }},
       {"gelu_apprx_tanh", [](auto& x, double) { return gelu_tanh(x); }},
       {"gelu_apprx_sigmoid", [](auto& x, double) { return x * at::sigmoid(1.702 * x); }},
+      {"gelu_apprx_sigmoid_dx", [](auto& x, double) {
+         auto s = at::sigmoid(1.702 * x);
+         return s + 1.702 * x * s * (1 - s);
+       }},
       {"gelu_dx", [](auto& x, double) {
          return 0.5 * (1 + at::erf(x * M_SQRT1_2)) + x * at::exp(-0.5 * x * x) * (0.5 * M_2_SQRTPI * M_SQRT1_2);
        }},

@@ -70,7 +70,9 @@ void check_instruction(const Instruction& ins, const Target& t) {
       fail(ins, a.role + ": SBUF and PSUM tensors must have at least 2 dimensions (partition-dim and free-dim)");
   }
   if (ins.ops.empty()) {
-    if (ins.kind != Kind::kSeed) fail(ins, "has no destination");
+    if (ins.kind != Kind::kSeed && ins.kind != Kind::kRegister && ins.kind != Kind::kLoopBegin &&
+        ins.kind != Kind::kLoopEnd)
+      fail(ins, "has no destination");
     return;
   }
   if (ins.mask && ins.mask->sizes() != at::IntArrayRef(ins.ops.at(0).sizes))

@@ -47,5 +47,7 @@ inline at::Tensor per_partition(const at::Tensor& s, const at::Tensor& t) {
 // match_replace8, gather, local_gather, stream_shuffle, sequence_bounds.
 // False when the kind is not one of them.
 bool execute_gpsimd(const Instruction& ins, const std::vector<at::Tensor>& v);
+// The microscaling instructions (mx.cpp): quantize_mx, nc_matmul_mx.
+bool execute_mx(const Instruction& ins, const std::vector<at::Tensor>& v);
 
 }  // namespace neuronx::nki

@@ -164,7 +164,7 @@ void execute(const Instruction& ins, const std::vector<at::Tensor>& v, RunState&
     state.seed = 0x9E3779B97F4A7C15ull ^ static_cast<uint64_t>(ins.ints.at(0));
     return;
   }
-  if (execute_gpsimd(ins, v)) return;
+  if (execute_gpsimd(ins, v) || execute_mx(ins, v)) return;
   if (ins.kind == Kind::kPrint) {
     print_values(ins, v[0]);
     return;

@@ -52,6 +52,11 @@ const std::unordered_map<std::string, Kind>& kinds() {
       {"local_gather", Kind::kLocalGather},
       {"print", Kind::kPrint},
       {"nonzero", Kind::kNonzero},
+      {"quantize_mx", Kind::kQuantizeMx},
+      {"matmul_mx", Kind::kMatmulMx},
+      {"register", Kind::kRegister},
+      {"loop_begin", Kind::kLoopBegin},
+      {"loop_end", Kind::kLoopEnd},
   };
   return k;
 }

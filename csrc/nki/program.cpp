@@ -126,7 +126,8 @@ void Program::drop_overwritten_fills() {
       // an indirect copy may skip rows; an accumulating one reads dst
       const bool indirect = next.kind == Kind::kCopy && !next.ints.empty();
       // (print reads its operand; shuffle and nonzero may leave partitions of dst unwritten)
-      const bool partial = next.kind == Kind::kPrint || next.kind == Kind::kShuffle || next.kind == Kind::kNonzero;
+      const bool partial = next.kind == Kind::kPrint || next.kind == Kind::kShuffle || next.kind == Kind::kNonzero ||
+                           next.kind == Kind::kRegister;  // register_load reads its operand
       bool whole = !partial && !next.mask && !indirect && d.dynamic.empty() && d.tile == f.tile && d.byte_offset == f.byte_offset &&
                    d.dtype == f.dtype && d.sizes == f.sizes && d.strides == f.strides;
       for (size_t k = 1; whole && k < next.ops.size(); ++k) whole = next.ops[k].tile != f.tile;
@@ -158,10 +159,16 @@ void Program::fill_at_first_use() {
   std::vector<std::vector<Instruction>> before(n);
   std::vector<Instruction> kept;
   kept.reserve(n);
+  const auto spans = loop_spans();
   for (size_t i = 0; i < n; ++i) {
     if (!is_fill(code_[i])) continue;
     const int tile = code_[i].ops[0].tile;
-    if (first_use[tile] >= 0) before[first_use[tile]].push_back(std::move(code_[i]));
+    int64_t at = first_use[tile];
+    // A tile made before a dynamic loop and first used in it is filled once, before the loop
+    // (a fill in the body would erase what earlier iterations wrote).
+    for (const auto& [b, e] : spans)
+      if (b > static_cast<int64_t>(i) && b < at && at < e) at = b;
+    if (first_use[tile] >= 0) before[at].push_back(std::move(code_[i]));
   }
   for (size_t i = 0; i < n; ++i) {
     if (is_fill(code_[i]) || code_[i].name.empty()) continue;  // moved (or moved-from)
@@ -191,6 +198,14 @@ void Program::finalize() {
     for (const auto* list : {&ins.ops, &ins.dyn_srcs})
       for (const Access& a : *list)
         if (a.tile >= 0) tiles_[a.tile].last = std::max(tiles_[a.tile].last, &ins - code_.data());
+  // A tile used both in a dynamic loop and outside it holds its memory for the whole loop: the
+  // body runs again after its last use there.
+  for (const auto& [b, e] : loop_spans())
+    for (Tile& tile : tiles_) {
+      if (tile.dropped || tile.last < b || tile.first > e || (tile.first > b && tile.last < e)) continue;
+      tile.first = std::min(tile.first, b);
+      tile.last = std::max(tile.last, e);
+    }
   // One SBUF and one PSUM per logical core; core c's memories follow core c-1's in the arenas.
   std::vector<TileAllocator> sbuf, psum;
   for (int c = 0; c < cores_; ++c) {
@@ -240,7 +255,39 @@ void Program::finalize() {
     for (auto* list : {&ins.ops, &ins.dyn_srcs})
       for (Access& a : *list)
         if (a.tile >= 0) a.byte_offset += tiles_[a.tile].offset;
+  for (const Instruction& ins : code_) {
+    if (ins.kind == Kind::kRegister) num_registers_ = std::max(num_registers_, ins.ints.at(1) + 1);
+    if (ins.kind == Kind::kRegister && ins.ints.at(0) == 1) num_registers_ = std::max(num_registers_, ins.ints.at(2) + 1);
+    if (ins.kind == Kind::kLoopBegin)
+      for (int64_t c = 0; c < ins.ints.at(2); ++c)
+        for (int k : {0, 2, 4})
+          if (k == 0 || ins.ints.at(3 + 5 * c + k - 1))
+            num_registers_ = std::max(num_registers_, ins.ints.at(3 + 5 * c + k) + 1);
+  }
+  for (size_t i = 0; i < code_.size(); ++i)
+    if (code_[i].kind == Kind::kLoopBegin) {
+      const auto id = static_cast<size_t>(code_[i].ints.at(0));
+      if (loops_.size() <= id) loops_.resize(id + 1, {-1, -1});
+      loops_[id].first = static_cast<int64_t>(i);
+    } else if (code_[i].kind == Kind::kLoopEnd) {
+      loops_.at(static_cast<size_t>(code_[i].ints.at(0))).second = static_cast<int64_t>(i);
+    }
   finalized_ = true;
+}
+
+std::vector<std::pair<int64_t, int64_t>> Program::loop_spans() const {
+  std::vector<std::pair<int64_t, int64_t>> spans;
+  std::vector<int64_t> open;
+  for (size_t i = 0; i < code_.size(); ++i)
+    if (code_[i].kind == Kind::kLoopBegin) {
+      open.push_back(static_cast<int64_t>(i));
+    } else if (code_[i].kind == Kind::kLoopEnd) {
+      TORCH_CHECK(!open.empty(), "NKI program: a dynamic loop ends that did not begin");
+      spans.emplace_back(open.back(), static_cast<int64_t>(i));
+      open.pop_back();
+    }
+  TORCH_CHECK(open.empty(), "NKI program: a dynamic loop does not end (a `break` out of nl.dynamic_range?)");
+  return spans;
 }
 
 bool Program::retarget_last(int tile, const Access& dst, bool accumulate) {
@@ -349,6 +396,23 @@ at::Tensor& arena(int which, int64_t bytes) {
   return a;
 }
 
+int64_t& reg(RunState& state, int64_t r) { return state.registers.at(static_cast<size_t>(r)); }
+
+// nisa.register_move / register_load / register_store.
+void run_register(const Instruction& ins, const std::vector<at::Tensor>& views, RunState& state) {
+  int64_t& r = reg(state, ins.ints.at(1));
+  switch (ins.ints.at(0)) {
+    case 0: r = ins.ints.at(2); break;
+    case 1: r = reg(state, ins.ints.at(2)); break;
+    case 2: {  // one 32-bit value from memory
+      at::Tensor v = views.at(0).reshape({-1})[0];
+      r = c10::isFloatingType(v.scalar_type()) ? static_cast<int64_t>(v.item<double>()) : v.item<int64_t>();
+      break;
+    }
+    default: views.at(0).fill_(r);
+  }
+}
+
 }  // namespace
 
 void Program::run(const std::vector<at::Tensor>& hbm) const {
@@ -365,7 +429,31 @@ void Program::run(const std::vector<at::Tensor>& hbm) const {
   state.seed = 0x9E3779B97F4A7C15ull * ++runs;
   std::vector<at::Tensor> views;
   std::vector<int64_t> reversed;
-  for (const Instruction& ins : code_) {
+  state.loop_left.assign(loops_.size(), 0);
+  state.registers.assign(static_cast<size_t>(num_registers_), 0);
+  for (size_t pc = 0; pc < code_.size(); ++pc) {
+    const Instruction& ins = code_[pc];
+    if (ins.kind == Kind::kLoopBegin || ins.kind == Kind::kLoopEnd) {
+      const auto id = static_cast<size_t>(ins.ints.at(0));
+      const std::vector<int64_t>& head = code_[loops_.at(id).first].ints;
+      const int64_t step = head.at(1), cores = head.at(2);
+      if (ins.kind == Kind::kLoopBegin) {
+        for (int64_t c = 0; c < cores; ++c) {
+          const int64_t* f = &head.at(3 + 5 * c);
+          const int64_t start = f[1] ? reg(state, f[2]) : f[2], stop = f[3] ? reg(state, f[4]) : f[4];
+          const int64_t trips = stop > start ? (stop - start + step - 1) / step : 0;
+          TORCH_CHECK(c == 0 || trips == state.loop_left[id], "dynamic_range: the logical cores' trip counts differ (",
+                      state.loop_left[id], " and ", trips, "); cores of one launch run a dynamic loop together");
+          state.loop_left[id] = trips;
+          reg(state, f[0]) = start;
+        }
+        if (state.loop_left[id] == 0) pc = static_cast<size_t>(loops_[id].second);  // no iteration
+      } else if (--state.loop_left[id] > 0) {
+        for (int64_t c = 0; c < cores; ++c) reg(state, head.at(3 + 5 * c)) += step;
+        pc = static_cast<size_t>(loops_[id].first);
+      }
+      continue;
+    }
     views.clear();
     at::Tensor dst_ascending;
     std::vector<int64_t> dst_reversed;
@@ -385,6 +473,10 @@ void Program::run(const std::vector<at::Tensor>& hbm) const {
       views.push_back(std::move(v));
     }
     if (skip) continue;
+    if (ins.kind == Kind::kRegister) {
+      run_register(ins, views, state);
+      continue;
+    }
     execute(ins, views, state);
     if (dst_ascending.defined()) dst_ascending.copy_(views[0].flip(dst_reversed));
   }

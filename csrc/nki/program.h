@@ -76,6 +76,12 @@ enum class Kind : uint8_t {
   kLocalGather,       // dst = each 16-partition core's gather at its flattened indices
   kPrint,             // prints ops[0] (read, not written) after fns[0] (nl.device_print)
   kNonzero,           // dst (P, T+1) = nonzero indices of src, padding, count (every 16th partition)
+  kQuantizeMx,        // dst (packed MX words), ops[2] (scales) = src quantized per 8x4 group
+  kMatmulMx,          // dst (PSUM) [+]= dequantized stationaryᵀ · moving (packed MX, with scales)
+  kRegister,          // a sequencer register: ints [op, reg, value]; op set/copy (no operands), load/store ops[0]
+  kLoopBegin,         // a dynamic loop: ints [loop, step, cores, then per core: counter reg, start is reg,
+                      // start, stop is reg, stop]
+  kLoopEnd,           // ints [loop]: the counters step; the body runs again until its trip count
 };
 
 struct Instruction {
@@ -163,6 +169,10 @@ class Program {
  private:
   void drop_overwritten_fills();
   void fill_at_first_use();
+  // The dynamic loops' [begin, end] instruction indices, in code_ as it stands.
+  std::vector<std::pair<int64_t, int64_t>> loop_spans() const;
+  std::vector<std::pair<int64_t, int64_t>> loops_;  // by loop id, once placed
+  int64_t num_registers_ = 0;
   int64_t num_args_;
   std::vector<HbmBuffer> hbm_;
   std::vector<Instruction> code_;
@@ -178,6 +188,8 @@ void check_instruction(const Instruction& ins, const Target& t);
 // Engine's per-partition accumulation registers (tensor_scalar_cumulative).
 struct RunState {
   uint64_t seed = 0;
+  std::vector<int64_t> registers;  // the sequencers' registers (nisa.register_alloc)
+  std::vector<int64_t> loop_left;  // per dynamic loop: iterations still to run
   at::Tensor vector_acc;  // the Vector Engine's (partitions, 1) fp32 registers, undefined until first set
   at::Tensor scalar_acc;  // the Scalar Engine's (activation's reduce_regs)
 };

@@ -25,6 +25,17 @@ def packed_dtype(name):
     return np.dtype([(name, np.uint32 if PACKED[name] == torch.uint32 else np.uint16)])
 
 
+def packed_name(d):
+    """The packed MX type a dtype names (``"float8_e4m3fn_x4"`` ...), or None."""
+    if isinstance(d, str):
+        return d if d in PACKED else None
+    try:
+        nd = np.dtype(d)
+    except TypeError:
+        return None
+    return nd.names[0] if nd.names and nd.names[0] in PACKED else None
+
+
 def to_dtype(d):
     """A torch dtype from an NKI, NumPy (incl. ml_dtypes) or torch dtype."""
     if d is None or isinstance(d, torch.dtype):

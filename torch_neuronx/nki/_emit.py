@@ -13,7 +13,7 @@ import torch
 from . import _loops
 from ._index import Mask
 from ._tensor import (HBM, PSUM, PSUM_BUFFER, SBUF, SBUF_BUFFER, NkiTensor, View, as_view, is_tile, itemsize,
-                      par_dim)
+                      packed_name, par_dim)
 
 _local = threading.local()
 _PKG_DIR = os.path.dirname(__file__)
@@ -102,6 +102,7 @@ def _space_of(buffer):
 def new_tensor(shape, dtype, buffer=None, name=""):
     """nl.ndarray: an SBUF/PSUM tile (NaN-filled) or an HBM tensor."""
     tr = current()
+    packed = packed_name(dtype) or ""
     dtype = _dtype(dtype)
     space = _space_of(buffer)
     dims = list(shape) if isinstance(shape, (tuple, list)) else [shape]
@@ -112,7 +113,7 @@ def new_tensor(shape, dtype, buffer=None, name=""):
     name = name or tr.auto_name()
     if space == HBM:
         t = tr.hbm_tensor(shape, dtype, name, shared=getattr(buffer, "name", "") == "shared_hbm")
-        t.memory_name = getattr(buffer, "name", "hbm")
+        t.memory_name, t._packed = getattr(buffer, "name", "hbm"), packed
         return t
     if len(shape) < 1:
         raise ValueError(f"an SBUF/PSUM tensor needs a partition dimension, got shape {shape}")
@@ -156,7 +157,7 @@ def new_tensor(shape, dtype, buffer=None, name=""):
         strides[:pa] = block_strides
     t = NkiTensor(tr, SBUF_BUFFER if space == SBUF else PSUM_BUFFER, space, shape, dtype, strides, byte_offset, pa,
                   name, tile=tile)
-    t.block_locs = block_locs
+    t.block_locs, t._packed = block_locs, packed
     t.serial, tr.serial = tr.serial, tr.serial + 1
     if declared != dtype:
         t.declared = declared

@@ -111,7 +111,7 @@ class par_dim:
         return f"par_dim({self.size})"
 
 
-from ._dtypes import PACKED, itemsize, nki_dtype, packed_dtype, to_dtype  # noqa: E402,F401 - re-exported
+from ._dtypes import PACKED, itemsize, nki_dtype, packed_dtype, packed_name, to_dtype  # noqa: E402,F401 - re-exported
 
 
 class TileMath:
@@ -216,6 +216,19 @@ class NkiTensor(TileMath):
     block_locs = None  # manual placement with unevenly spaced blocks: block index -> arena byte offset
     serial = -1        # creation order in the trace (kernel arguments: -1)
     memory_name = None  # the memory space it was allocated in ("shared_hbm", ...); None: by its space
+    # The packed MX type stored as raw words ("float8_e4m3fn_x4" ...): None inherits it from the
+    # tensor this one aliases, "" is none.
+    _packed = None
+
+    @property
+    def packed(self):
+        t = self
+        while t._packed is None:
+            base = getattr(t, "_base", None)
+            if base is None or base.tdtype != t.tdtype:
+                return None
+            t = base
+        return t._packed or None
 
     @property
     def buffer(self):
@@ -229,7 +242,8 @@ class NkiTensor(TileMath):
     @property
     def dtype(self):
         """The NKI dtype (NumPy's; ``nl.float32`` compares equal)."""
-        return nki_dtype(self.declared or self.tdtype)
+        packed = self.packed
+        return packed_dtype(packed) if packed else nki_dtype(self.declared or self.tdtype)
 
     @property
     def buffer_space(self):
@@ -271,7 +285,7 @@ class NkiTensor(TileMath):
     def view(self, dtype):
         """The same bytes as another dtype (a contiguous tensor; the last dim rescaled)."""
         new = to_dtype(dtype)
-        if new == self.tdtype:
+        if new == self.tdtype and packed_name(dtype) == self.packed:
             return self
         old_item, new_item = itemsize(self.tdtype), itemsize(new)
         shape = list(self.shape)
@@ -290,7 +304,7 @@ class NkiTensor(TileMath):
             strides[0] = self.strides[0] * old_item // new_item
         alias = NkiTensor(self.trace, self.bufidx, self.space, shape, new, strides, self.byte_offset,
                           None if self.space == HBM else 0, self.name, self.tile)
-        alias._base = self
+        alias._base, alias._packed = self, packed_name(dtype) or ""
         return alias
 
     def __getattr__(self, name):

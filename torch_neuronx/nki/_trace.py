@@ -16,7 +16,7 @@ import torch
 from .. import _C
 from . import _emit
 from ._lockstep import Lockstep
-from ._tensor import FIRST_HBM_BUFFER, HBM, PSUM, SBUF, NkiTensor, itemsize, to_dtype
+from ._tensor import FIRST_HBM_BUFFER, HBM, PSUM, SBUF, NkiTensor, itemsize, packed_name, to_dtype
 
 _nki = _C._nki
 
@@ -220,11 +220,15 @@ class _Launcher:
                 if copies is not None:
                     copies.append((a, dense))
                 a = dense
+            packed = packed_name(a.dtype)
             a = _np_to_torch(a)
+            if packed:
+                a._nki_packed = packed  # the kernel sees the packed type, not the words
         if isinstance(a, torch.Tensor):
             idx = len(tensors)
             tensors.append(a)
-            key.append(("T", name, tuple(a.shape), a.dtype, tuple(a.stride()), a.device.type))
+            key.append(("T", name, tuple(a.shape), a.dtype, tuple(a.stride()), a.device.type,
+                        getattr(a, "_nki_packed", None)))
             return ("__nki_arg__", idx, name)
         key.append((name, a if _hashable(a) else id(a)))
         return a
@@ -239,6 +243,7 @@ class _Launcher:
             strides = list(t.stride())
             hbm_args.append(NkiTensor(tr, FIRST_HBM_BUFFER + i, HBM, tuple(t.shape), t.dtype, strides, 0, None,
                                       params[i] if i < len(params) else f"arg{i}"))
+            hbm_args[-1]._packed = getattr(t, "_nki_packed", "")
 
         def sub(a):
             return hbm_args[a[1]] if isinstance(a, tuple) and len(a) == 3 and a[0] == "__nki_arg__" else a

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import math
 
-HBM = SBUF = NkiTensor = View = DynIndex = to_dtype = itemsize = as_view = None  # bound by _tensor
+HBM = SBUF = NkiTensor = View = DynIndex = to_dtype = packed_name = itemsize = as_view = None  # bound by _tensor
 
 
 def bind(ns):
     """Takes ``_tensor``'s names once it has defined them."""
     g = globals()
-    for name in ("HBM", "SBUF", "NkiTensor", "View", "DynIndex", "to_dtype", "itemsize", "as_view"):
+    for name in ("HBM", "SBUF", "NkiTensor", "View", "DynIndex", "to_dtype", "packed_name", "itemsize", "as_view"):
         g[name] = ns[name]
 
 
@@ -76,6 +76,8 @@ class Gen2Views:
             flat = NkiTensor(t.trace, t.bufidx, t.space, (nbytes // new_item,), new, (1,), t.byte_offset, None,
                              t.name)
             flat._base = t
+            if dtype is not None:
+                flat._packed = packed_name(dtype) or ""
             dynamic = () if scalar_offset is None else [
                 (0, _scalar_index(scalar_offset), row[indirect_dim] * old_item // new_item)]
             return View(flat, sizes, [int(offset)], [tuple(int(st) for st, _ in pattern)], dynamic=dynamic)
@@ -92,6 +94,8 @@ class Gen2Views:
         flat = NkiTensor(t.trace, t.bufidx, t.space, (shape[0], F), new, (t.strides[0] * old_item // new_item, 1),
                          t.byte_offset, 0, t.name, t.tile)
         flat._base = t
+        if dtype is not None:
+            flat._packed = packed_name(dtype) or ""
         po, fo = divmod(int(offset), F) if F else (int(offset), 0)
         dynamic = () if scalar_offset is None else [
             (1, _scalar_index(scalar_offset), row[indirect_dim] * old_item // new_item)]

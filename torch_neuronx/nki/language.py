@@ -415,6 +415,7 @@ for _n in ["equal", "not_equal", "greater", "greater_equal", "less", "less_equal
            "logical_xor"]:
     globals()[_n] = _make_binary(_n, logical=True)
 for _n in ["exp", "log", "tanh", "sigmoid", "relu", "gelu", "gelu_dx", "gelu_apprx_tanh", "gelu_apprx_sigmoid",
+           "gelu_apprx_sigmoid_dx",
            "silu", "silu_dx", "erf", "erf_dx", "softplus", "mish", "sqrt", "rsqrt", "square", "reciprocal", "sin",
            "cos", "tan", "arctan", "sign", "ceil", "floor", "trunc", "negative", "abs"]:
     globals()[_n] = _make_unary(_n)

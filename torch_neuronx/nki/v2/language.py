@@ -2,6 +2,7 @@
 (and with positional ``buffer``), plus the 0.6 additions."""
 from __future__ import annotations
 
+import builtins as _builtins
 import math
 
 import numpy as np
@@ -12,7 +13,7 @@ from .._tensor import HBM, PSUM as _PSUM, SBUF as _SBUF, as_view as _as_view
 from ..language import (  # noqa: F401
     abs, add, arctan, bfloat16, bitwise_and, bitwise_or, bitwise_xor, bool_, ceil, copy, cos, divide,
     ds, empty_like, equal, erf, erf_dx, exp, expand_dims, float8_e4m3, float8_e5m2, float16, float32, floor, fmod,
-    gelu, gelu_apprx_sigmoid, gelu_apprx_tanh, gelu_dx, greater, greater_equal, hbm, int8, int16, int32, invert,
+    gelu, gelu_apprx_sigmoid, gelu_apprx_sigmoid_dx, gelu_apprx_tanh, gelu_dx, greater, greater_equal, hbm, int8, int16, int32, invert,
     left_shift, less, less_equal, load, load_transpose2d, log, logical_and, logical_not, logical_or, logical_xor,
     matmul, max, maximum, mean, min, minimum, mish, mod, multiply, negative, not_equal, num_programs, power, private_hbm,
     prod, program_id, program_ndim, psum, rand, random_seed, reciprocal, relu, right_shift, rsqrt, sbuf, shared_hbm,
@@ -20,6 +21,7 @@ from ..language import (  # noqa: F401
     tile_size, transpose, trunc, uint8, uint16, uint32, where, abs_max, all, var, rms_norm, dropout, device_print,
     shared_constant, float8_e8m0fnu, float8_e4m3fn_x4, float8_e5m2_x4, float4_e2m1fn_x4)
 from ..language import nki_dtype as _nki_dtype
+from .._registers import dynamic_range, fori_loop  # noqa: F401
 
 import torch as _torch
 
@@ -87,10 +89,12 @@ def zeros_like(x, dtype=None, buffer=None, name=""):
 
 def affine_range(start, stop=None, step=1):
     """An alias of ``range`` in NKI 0.6 (unrolled at trace time; ``static_range`` is preferred)."""
-    return range(start, stop, step) if stop is not None else range(start)
+    return _builtins.range(start, stop, step) if stop is not None else _builtins.range(start)
 
 
 sequential_range = static_range = affine_range
+range = affine_range  # noqa: A001 - nl.range, as the NKI library writes it
+bool = bool_  # noqa: A001 - nl.bool, as the NKI library writes it
 
 
 def is_hbm(buffer):

@@ -13,6 +13,8 @@ from ...isa.gpsimd import _rows
 from ... import language as _nl
 from ..._emit import issue, require_space
 from ..._tensor import PSUM, SBUF, as_view, to_dtype
+from .mx import _accumulates, nc_matmul_mx, quantize_mx  # noqa: F401 - nki.isa names
+from ..._registers import register_alloc, register_load, register_move, register_store  # noqa: F401
 
 
 class engine(enum.Enum):
@@ -98,11 +100,7 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
     d = as_view(dst)
     if d.space != PSUM:
         raise TypeError(f"nc_matmul dst must be in ['psum'], got {d.buffer_space}")
-    key = d.access("")[:5]
-    key = (key[0], key[2], tuple(key[3]), tuple(key[4]))
-    written = d.tensor.__dict__.setdefault("_psum_written", set())
-    acc = (key in written) if accumulate is None else bool(accumulate)
-    written.add(key)
+    acc = _accumulates(d, accumulate)
     _g1.nc_matmul(stationary, moving, is_transpose=is_transpose, perf_mode=perf_mode, _dst=dst, _accumulate=acc,
                   _strict=True)
 
@@ -143,7 +141,13 @@ def activation_reduce(dst, op, data, reduce_op, reduce_res, bias=None, scale=1.0
                    _dst=dst)
 
 
-def scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1, reverse0=False, reverse1=False, name=None):
+def scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1, reverse0=False, reverse1=False, dtype=None,
+                         name=None):
+    """``dst = (data op0 operand0) op1 operand1``; the result is dst's dtype (``dtype``, which the
+    NKI library passes, must agree with it)."""
+    t = as_view(dst).tensor
+    if dtype is not None and to_dtype(dtype) != (t.declared or t.tdtype):
+        raise TypeError(f"scalar_tensor_tensor dtype {dtype} differs from dst's {as_view(dst).dtype}")
     _g1.scalar_tensor_tensor(data=data, op0=op0, operand0=operand0, op1=op1, operand1=operand1, reverse0=reverse0,
                              reverse1=reverse1, dtype=_dt(dst), _dst=dst)
 
