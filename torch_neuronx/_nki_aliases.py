@@ -21,6 +21,7 @@ _GEN2 = {
     "nki": "torch_neuronx.nki.v2",
     "nki.language": "torch_neuronx.nki.v2.language",
     "nki.isa": "torch_neuronx.nki.v2.isa",
+    "nki.collectives": "torch_neuronx.nki.v2.collectives",
     "nki.typing": "torch_neuronx.nki.typing",
 }
 

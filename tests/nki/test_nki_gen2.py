@@ -410,3 +410,30 @@ def test_logical_cores_run_side_by_side():
             nisa.dma_copy(dst=out, src=t)
         return out
     assert (k[2](np.zeros((1,), np.float32)) == 1).all()
+
+
+def test_collectives_of_one_rank_and_the_error_for_several():
+    import torch_neuronx.nki.v2.collectives as ncc
+    one = ncc.ReplicaGroup([[0]])
+
+    @nki.jit
+    def k(x, y):
+        out = nl.ndarray((2,) + x.shape, x.dtype, buffer=nl.shared_hbm)
+        a, b = _sbuf(x), _sbuf(y)
+        g = nl.ndarray(x.shape, x.dtype, buffer=nl.sbuf)
+        ncc.all_gather(srcs=[a], dsts=[g], replica_group=one, collective_dim=1)
+        s = nl.ndarray(x.shape, x.dtype, buffer=nl.sbuf)
+        ncc.collective_permute_implicit_reduce([[g]], [[b]], [[s]], replica_group=one, op=nl.maximum)
+        ncc.all_reduce(srcs=[x], dsts=[out[0]], replica_group=one, op=nl.add)  # HBM to HBM
+        nisa.dma_copy(dst=out[1], src=s)
+        return out
+    x, y = np.random.rand(2, 128, 256).astype(np.float32)
+    out = k(x, y)
+    assert np.array_equal(out[0], x) and np.array_equal(out[1], np.maximum(x, y))
+
+    @nki.jit
+    def two(x):
+        ncc.all_reduce(srcs=[x], dsts=[x], replica_group=ncc.ReplicaGroup([[0, 1]]), op=nl.add)
+        return x
+    with pytest.raises(NotImplementedError, match=r"replica group \[0, 1\] spans 2 ranks"):
+        two(x)
