@@ -1,5 +1,7 @@
 #include "nki/alu.h"
 
+#include "nki/fp8.h"
+
 #include <cmath>
 
 #include <ATen/Functions.h>
@@ -16,7 +18,7 @@ namespace {
 using Binary = std::function<at::Tensor(const at::Tensor&, const at::Tensor&)>;
 using Unary = std::function<at::Tensor(const at::Tensor&, double)>;
 
-at::Tensor f32(const at::Tensor& t) { return t.scalar_type() == at::kFloat ? t : t.to(at::kFloat); }
+at::Tensor f32(const at::Tensor& t) { return to_f32(t); }
 at::Tensor i64(const at::Tensor& t) {
   return t.to(at::kLong);
 }

@@ -6,11 +6,12 @@
 #include <optional>
 #include <vector>
 
+#include "nki/fp8.h"
 #include "nki/program.h"
 
 namespace neuronx::nki {
 
-inline at::Tensor f32(const at::Tensor& t) { return t.scalar_type() == at::kFloat ? t : t.to(at::kFloat); }
+inline at::Tensor f32(const at::Tensor& t) { return to_f32(t); }
 
 // Writes result into dst (rounding to dst's dtype); a mask keeps dst where false.
 // A destination dim of stride 0 writes one address repeatedly: the last value
@@ -30,9 +31,11 @@ inline void write(const Instruction& ins, const at::Tensor& dst, const at::Tenso
   if (!c10::isFloatingType(d.scalar_type()) && d.scalar_type() != at::kBool && c10::isFloatingType(r.scalar_type()))
     r = at::round(r);
   if (mask) {
-    d.copy_(at::where(*mask, r.to(d.scalar_type()), d));
+    // (on the bytes: ATen's where has no kernel for the e4m3 tiles' dtype)
+    at::Tensor bits = d.scalar_type() == kNkiE4m3 ? d.view(at::kByte) : d;
+    bits.copy_(at::where(*mask, to_dtype(r, d.scalar_type()).view(bits.scalar_type()), bits));
   } else {
-    d.copy_(r);
+    store(d, r);
   }
 }
 

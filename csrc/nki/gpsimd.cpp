@@ -6,6 +6,8 @@
 #include <ATen/TensorOperators.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
+
 #include "nki/exec_util.h"
 
 namespace neuronx::nki {
@@ -133,7 +135,10 @@ bool execute_gpsimd(const Instruction& ins, const std::vector<at::Tensor>& v) {
       const int64_t n = data.size(1);
       TORCH_CHECK(idx.numel() == 0 || (idx.min().item<int64_t>() >= 0 && idx.max().item<int64_t>() < n),
                   ins.name, ": an index is outside [0, ", n, ") of the data's free elements");
-      write(ins, dst, at::gather(data, 1, idx));
+      // moves elements without arithmetic: on their bits (ATen's gather lacks some dtypes, e.g. uint32)
+      const at::ScalarType as_bits[] = {at::kByte, at::kShort, at::kInt, at::kInt, at::kLong};
+      const at::ScalarType bits = as_bits[std::min<int64_t>(data.element_size(), 8) / 2];
+      write(ins, dst, at::gather(data.view(bits), 1, idx).view(data.scalar_type()));
       return true;
     }
     case Kind::kMatchReplace8:

@@ -72,11 +72,11 @@ void copy_indirect(const Instruction& ins, const std::vector<at::Tensor>& v) {
     at::Tensor o = other.select(0, p);
     if (side == 0) {
       if (accumulate)
-        row.copy_(row.to(at::kFloat) + o.to(at::kFloat));
+        store(row, f32(row) + f32(o));
       else
-        row.copy_(o);
+        store(row, o);
     } else {
-      o.copy_(row);
+      store(o, row);
     }
   }
 }
@@ -173,7 +173,7 @@ void execute(const Instruction& ins, const std::vector<at::Tensor>& v, RunState&
   const at::Tensor& dst = v[0];
   switch (ins.kind) {
     case Kind::kFill:
-      if (ins.mask)
+      if (ins.mask || dst.scalar_type() == kNkiE4m3)
         write(ins, dst, at::full(dst.sizes(), ins.scalars[0], at::kFloat));
       else
         dst.fill_(ins.scalars[0]);

@@ -219,7 +219,8 @@ def test_nonzero_with_count_per_gpsimd_core():
         assert np.array_equal(out[p, :len(idx)], idx + 16) and (out[p, len(idx):64] == -1).all()
 
 
-def test_nc_n_gather_within_each_partition():
+@pytest.mark.parametrize("dtype", [np.float32, np.uint32, np.int8])
+def test_nc_n_gather_within_each_partition(dtype):
     @nki.jit
     def k(x, idx):
         out = nl2.ndarray((128, 4, 64), x.dtype, buffer=nl2.shared_hbm)
@@ -232,7 +233,7 @@ def test_nc_n_gather_within_each_partition():
         nisa2.dma_copy(dst=out, src=g)
         return out
     rng = np.random.default_rng(8)
-    x = rng.random((128, 8, 100)).astype(np.float32)
+    x = (rng.random((128, 8, 100)) * 100).astype(dtype)  # uint32: the top-k kernels gather indices
     idx = rng.integers(0, 800, size=(128, 4, 64)).astype(np.uint32)
     out = k(x, idx)
     assert np.array_equal(out, np.take_along_axis(x.reshape(128, -1), idx.reshape(128, -1).astype(np.int64),

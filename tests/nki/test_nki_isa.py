@@ -372,3 +372,65 @@ def test_double_row_matmul_and_dtype_views():
     b = rng.integers(-4, 5, size=(128, 2, 512)).astype(nl.float8_e5m2)
     out = k(a.view(np.uint8), b)
     assert np.array_equal(out, np.einsum("kli,klj->ij", a.astype(np.float32), b.astype(np.float32)))
+
+
+def test_float8_e4m3_is_ocp_e4m3_with_infinities():
+    """nl.float8_e4m3 stores OCP e4m3 (largest finite 240, overflow to infinity), as ml_dtypes and
+    the hardware do; nl.float8_e4m3fn is the format without infinities (largest 448)."""
+    import torch_neuronx.nki.v2.isa as nisa2
+    import torch_neuronx.nki.v2.language as nl2
+    special = [0.0, -0.0, 1.0, 0.0039, 0.001953125, 240.0, 244.0, 247.9, 248.0, 300.0, 448.0, 1e6, -1e6,
+               np.inf, -np.inf, np.nan, -3.3, 17.5]
+    rng = np.random.default_rng(0)
+    x = np.concatenate([special, rng.standard_normal(128 * 64 - len(special)) * 100]).astype(np.float32)
+    x = x.reshape(128, 64)
+
+    @nki.jit
+    def k(a, out8, out8fn):
+        t = nl2.ndarray(a.shape, dtype=a.dtype, buffer=nl2.sbuf)
+        nisa2.dma_copy(dst=t, src=a)
+        q = nl2.ndarray(a.shape, dtype=nl2.float8_e4m3, buffer=nl2.sbuf)
+        nisa2.tensor_copy(dst=q, src=t)
+        qfn = nl2.ndarray(a.shape, dtype=nl2.float8_e4m3fn, buffer=nl2.sbuf)
+        nisa2.activation(dst=qfn, op=nl2.copy, data=t)
+        back = nl2.ndarray(a.shape, dtype=nl2.float32, buffer=nl2.sbuf)
+        nisa2.tensor_scalar(dst=back, data=q, op0=nl2.multiply, operand0=1.0)  # e4m3 read as values
+        out = nl2.ndarray(a.shape, dtype=nl2.float32, buffer=nl2.shared_hbm)
+        nisa2.dma_copy(dst=out, src=back)
+        nisa2.dma_copy(dst=out8, src=q)
+        nisa2.dma_copy(dst=out8fn, src=qfn)
+        return out
+    out8 = np.zeros(x.shape, ml_dtypes.float8_e4m3)
+    out8fn = np.zeros(x.shape, ml_dtypes.float8_e4m3fn)
+    back = k(x, out8, out8fn)
+    want = x.astype(ml_dtypes.float8_e4m3)
+    np.testing.assert_array_equal(out8.view(np.uint8), want.view(np.uint8) | (np.isnan(x) * 0x7F).astype(np.uint8))
+    np.testing.assert_array_equal(back, want.astype(np.float32))
+    assert back[0, 9] == np.inf and back[0, 8] == np.inf and back[0, 7] == 240 and back[0, 12] == -np.inf
+    finite = np.abs(x) < 464  # e4m3fn: largest 448, no infinity
+    np.testing.assert_array_equal(out8fn[finite].astype(np.float32), x[finite].astype(ml_dtypes.float8_e4m3fn)
+                                  .astype(np.float32))
+
+
+def test_float8_e4m3_results_of_a_torch_launch_are_float8_e4m3fn():
+    import torch
+    import torch_neuronx.nki.v2.isa as nisa2
+    import torch_neuronx.nki.v2.language as nl2
+
+    @nki.jit
+    def k(a):
+        t = nl2.ndarray(a.shape, dtype=a.dtype, buffer=nl2.sbuf)
+        nisa2.dma_copy(dst=t, src=a)
+        q = nl2.ndarray(a.shape, dtype=nl2.float8_e4m3, buffer=nl2.sbuf)
+        nisa2.tensor_copy(dst=q, src=t)
+        out = nl2.ndarray(a.shape, dtype=nl2.float8_e4m3, buffer=nl2.shared_hbm)
+        nisa2.dma_copy(dst=out, src=q)
+        return out
+    x = torch.tensor([[1.0, 240.0, 250.0, -3.25, float("inf"), 0.01]] * 2)
+    for dev in ("cpu", "neuron"):
+        r = k(x.to(dev))
+        assert r.dtype == torch.float8_e4m3fn and r.device.type == dev
+        got = r.float().cpu()[0]
+        assert got[:2].tolist() == [1.0, 240.0] and got[3] == -3.25 and got[2].isnan() and got[4].isnan()
+    with pytest.raises(TypeError, match="torch.float8_e4m3fnuz has no NKI dtype"):
+        k(x.to(torch.float8_e4m3fnuz))

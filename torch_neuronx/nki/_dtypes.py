@@ -11,7 +11,10 @@ _NUMPY_TO_TORCH = {
     np.dtype(np.int64): torch.int64, np.dtype(np.uint8): torch.uint8, np.dtype(np.uint16): torch.uint16,
     np.dtype(np.uint32): torch.uint32, np.dtype(np.bool_): torch.bool,
 }
-_NAMED = {"bfloat16": torch.bfloat16, "float8_e4m3": torch.float8_e4m3fn, "float8_e4m3fn": torch.float8_e4m3fn,
+# nl.float8_e4m3 (OCP e4m3 with infinities, largest finite 240) has no torch dtype: the core keeps
+# its bits in float8_e4m3fnuz tensors and converts them itself (csrc/nki/fp8.h).
+E4M3 = torch.float8_e4m3fnuz
+_NAMED = {"bfloat16": torch.bfloat16, "float8_e4m3": E4M3, "float8_e4m3fn": torch.float8_e4m3fn,
           "float8_e5m2": torch.float8_e5m2, "float8_e8m0fnu": torch.float8_e8m0fnu, "tfloat32": torch.float32, "float32": torch.float32,
           "float16": torch.float16, "bool_": torch.bool}
 
@@ -59,10 +62,11 @@ def to_dtype(d):
 
 try:
     import ml_dtypes as _ml
-    _NKI_NAMES = {torch.bfloat16: np.dtype(_ml.bfloat16), torch.float8_e4m3fn: np.dtype(_ml.float8_e4m3),
-                  torch.float8_e5m2: np.dtype(_ml.float8_e5m2), torch.float8_e8m0fnu: np.dtype(_ml.float8_e8m0fnu)}
+    _NKI_NAMES = {torch.bfloat16: np.dtype(_ml.bfloat16), E4M3: np.dtype(_ml.float8_e4m3),
+                  torch.float8_e4m3fn: np.dtype(_ml.float8_e4m3fn), torch.float8_e5m2: np.dtype(_ml.float8_e5m2),
+                  torch.float8_e8m0fnu: np.dtype(_ml.float8_e8m0fnu)}
 except ImportError:  # without ml_dtypes, the low-precision NKI dtypes are torch's
-    _NKI_NAMES = {torch.bfloat16: torch.bfloat16, torch.float8_e4m3fn: torch.float8_e4m3fn,
+    _NKI_NAMES = {torch.bfloat16: torch.bfloat16, E4M3: E4M3, torch.float8_e4m3fn: torch.float8_e4m3fn,
                   torch.float8_e5m2: torch.float8_e5m2}
 _TORCH_TO_NUMPY = {t: n for n, t in _NUMPY_TO_TORCH.items()}
 

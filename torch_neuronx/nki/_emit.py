@@ -53,8 +53,9 @@ def _call_sites():
 
 
 # -- dtypes ------------------------------------------------------------------
-_LOW_PRECISION = (torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e5m2)
-_FLOAT_RANK = {torch.float8_e4m3fn: 0, torch.float8_e5m2: 0, torch.bfloat16: 1, torch.float16: 1, torch.float32: 2}
+_LOW_PRECISION = (torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e4m3fnuz, torch.float8_e5m2)
+_FLOAT_RANK = {torch.float8_e4m3fn: 0, torch.float8_e4m3fnuz: 0, torch.float8_e5m2: 0, torch.bfloat16: 1,
+               torch.float16: 1, torch.float32: 2}
 
 
 def promote(a, b):

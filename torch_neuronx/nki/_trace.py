@@ -16,6 +16,7 @@ import torch
 from .. import _C
 from . import _emit
 from ._lockstep import Lockstep
+from ._dtypes import E4M3
 from ._tensor import FIRST_HBM_BUFFER, HBM, PSUM, SBUF, NkiTensor, itemsize, packed_name, to_dtype
 
 _nki = _C._nki
@@ -122,24 +123,35 @@ def _grid_dims(grid):
 
 def _np_to_torch(a):
     if a.dtype.name in ("bfloat16", "float8_e4m3", "float8_e4m3fn", "float8_e5m2", "float8_e8m0fnu"):
-        raw = torch.from_numpy(a.view(np.uint16 if a.dtype.itemsize == 2 else np.uint8))
-        return raw.view(to_dtype(a.dtype.name))
+        raw = torch.from_numpy(a.view(np.uint16 if a.dtype.itemsize == 2 else np.uint8)).view(to_dtype(a.dtype.name))
+        if raw.dtype == E4M3:
+            raw._nki_e4m3 = True  # e4m3 bits from NumPy, not a torch fnuz tensor
+        return raw
     if a.dtype.names:  # a packed MX type (nl.float8_e4m3fn_x4 ...): its raw words
         return torch.from_numpy(a.view(a.dtype[0]))
     return torch.from_numpy(a)
 
 
 def _torch_to_np(t):
-    if t.dtype in (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e8m0fnu):
+    if t.dtype in (torch.bfloat16, torch.float8_e4m3fn, E4M3, torch.float8_e5m2, torch.float8_e8m0fnu):
         try:
             import ml_dtypes  # noqa: F401
-            name = {torch.bfloat16: "bfloat16", torch.float8_e4m3fn: "float8_e4m3fn",
+            name = {torch.bfloat16: "bfloat16", torch.float8_e4m3fn: "float8_e4m3fn", E4M3: "float8_e4m3",
                     torch.float8_e5m2: "float8_e5m2", torch.float8_e8m0fnu: "float8_e8m0fnu"}[t.dtype]
             raw = t.view(torch.int16 if t.dtype == torch.bfloat16 else torch.uint8).numpy()
             return raw.view(np.dtype(name))
         except ImportError:
-            return t.float().numpy()
+            return _e4m3_as_torch(t).float().numpy() if t.dtype == E4M3 else t.float().numpy()
     return t.numpy()
+
+
+def _e4m3_as_torch(t):
+    """An nl.float8_e4m3 result (e4m3 bits) as torch's float8_e4m3fn: the same values up to 240;
+    infinities (which e4m3fn lacks) become NaN."""
+    bits = t.view(torch.uint8)
+    v = bits.view(torch.float8_e4m3fn).float()
+    top = (bits & 0x78) == 0x78
+    return torch.where(top, torch.full_like(v, float("nan")), v).to(torch.float8_e4m3fn)
 
 
 class _Cached:
@@ -225,6 +237,10 @@ class _Launcher:
             if packed:
                 a._nki_packed = packed  # the kernel sees the packed type, not the words
         if isinstance(a, torch.Tensor):
+            if a.dtype == E4M3 and not hasattr(a, "_nki_e4m3"):
+                raise TypeError("NKI kernels take torch.float8_e4m3fn tensors (nl.float8_e4m3fn); "
+                                "torch.float8_e4m3fnuz has no NKI dtype (nl.float8_e4m3 arrays come from NumPy "
+                                "with ml_dtypes.float8_e4m3)")
             idx = len(tensors)
             tensors.append(a)
             key.append(("T", name, tuple(a.shape), a.dtype, tuple(a.stride()), a.device.type,
@@ -302,7 +318,9 @@ class _Launcher:
                 t = tensors[i] if i < len(tensors) else outs[i - len(tensors)]
                 if tuple(t.shape) != s[2]:
                     t = t.view(s[2])
-                return _torch_to_np(t) if as_numpy else t
+                if as_numpy:
+                    return _torch_to_np(t)
+                return _e4m3_as_torch(t) if t.dtype == E4M3 else t
             if isinstance(s, list):
                 return [build(x) for x in s]
             if isinstance(s, tuple):

@@ -25,7 +25,7 @@ from .._registers import dynamic_range, fori_loop  # noqa: F401
 
 import torch as _torch
 
-float8_e4m3fn = np.dtype("float8_e4m3fn") if "float8_e4m3fn" in np.sctypeDict else _nki_dtype(_torch.float8_e4m3fn)
+float8_e4m3fn = _nki_dtype(_torch.float8_e4m3fn)
 bypass = "bypass"
 prelu = "prelu"
 average = "average"
