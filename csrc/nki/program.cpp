@@ -108,6 +108,87 @@ int Program::allocate_at(Space space, at::ScalarType dtype, int64_t partitions, 
   return id;
 }
 
+namespace {
+
+// Whether instruction `next` writes every element `fill` covers without reading them first.
+bool overwrites_whole(const Instruction& next, const Access& f) {
+  if (next.ops.empty()) return false;
+  const Access& d = next.ops[0];
+  // Instructions that write every element of dst from their sources alone (an indirect copy may
+  // skip rows, an accumulating copy or matmul reads dst; shuffles, gathers and the like may leave
+  // elements unwritten).
+  bool writes_all = false;
+  switch (next.kind) {
+    case Kind::kFill:
+    case Kind::kConst:
+    case Kind::kTranspose:
+    case Kind::kActivation:
+    case Kind::kTensorTensor:
+    case Kind::kTensorScalar:
+    case Kind::kScalarTensorTensor:
+    case Kind::kReduce:
+    case Kind::kPartitionReduce:
+    case Kind::kSelect:
+    case Kind::kWhere:
+    case Kind::kRandom: writes_all = true; break;
+    case Kind::kCopy: writes_all = next.ints.empty(); break;
+    case Kind::kMatmul: writes_all = !next.ints.empty() && next.ints[0] == 0; break;
+    default: break;
+  }
+  bool whole = writes_all && !next.mask && d.dynamic.empty() && d.tile == f.tile &&
+               d.byte_offset == f.byte_offset && d.dtype == f.dtype && d.sizes == f.sizes && d.strides == f.strides;
+  for (size_t k = 1; whole && k < next.ops.size(); ++k) whole = next.ops[k].tile != f.tile;
+  for (const Access& s : next.dyn_srcs) whole = whole && s.tile != f.tile;
+  return whole;
+}
+
+bool elementwise(const Instruction& ins) {
+  switch (ins.kind) {
+    case Kind::kCopy: return ins.ints.empty() || (ins.ints.size() < 6 && ins.ints[0] == 0);
+    case Kind::kActivation:
+    case Kind::kTensorTensor:
+    case Kind::kTensorScalar:
+    case Kind::kScalarTensorTensor: return true;
+    default: return false;
+  }
+}
+
+}  // namespace
+
+// An elementwise instruction that makes a tile from a source dying there may write its result over
+// that source (the engines stream element by element, reading each before writing it), as the NKI
+// compiler places it: returns, per tile, the source whose memory it takes, or -1.
+std::vector<int> Program::in_place_donors() const {
+  std::vector<int> donor(tiles_.size(), -1);
+  std::vector<bool> given(tiles_.size(), false);
+  for (size_t j = 0; j < code_.size(); ++j) {
+    const Instruction& ins = code_[j];
+    if (!elementwise(ins) || ins.ops.at(0).tile < 0) continue;
+    const Access& f = ins.ops[0];
+    const Tile& t = tiles_[f.tile];
+    if (t.pinned || t.dropped) continue;
+    // the tile starts here: right after its own fill, which this instruction overwrites (and which
+    // is then dropped), or as a new version (split_versions: written whole here)
+    const Instruction* fill = j > 0 ? &code_[j - 1] : nullptr;
+    const bool after_fill = fill && fill->name == "<allocate>" && fill->ops.at(0).tile == f.tile &&
+                            t.first == static_cast<int64_t>(j) - 1 && overwrites_whole(ins, fill->ops[0]);
+    if (!after_fill && t.first != static_cast<int64_t>(j)) continue;
+    for (size_t k = 1; k < ins.ops.size(); ++k) {
+      const Access& a = ins.ops[k];
+      if (a.tile < 0 || a.tile == f.tile || given[a.tile] || !a.dynamic.empty()) continue;
+      const Tile& src = tiles_[a.tile];
+      if (src.pinned || src.last != static_cast<int64_t>(j) || src.space != t.space || src.core != t.core ||
+          src.bytes < t.bytes || c10::elementSize(a.dtype) != c10::elementSize(f.dtype) || a.sizes != f.sizes ||
+          a.strides != f.strides || a.byte_offset != f.byte_offset)
+        continue;
+      donor[f.tile] = a.tile;
+      given[a.tile] = true;
+      break;
+    }
+  }
+  return donor;
+}
+
 // A new tile's NaN fill that the next instruction overwrites whole (a load into
 // the tile made for it) is never observable: dropped, saving a pass over memory.
 void Program::drop_overwritten_fills() {
@@ -122,17 +203,7 @@ void Program::drop_overwritten_fills() {
         kept.push_back(ins);
         continue;
       }
-      const Access& d = next.ops[0];
-      // an indirect copy may skip rows; an accumulating one reads dst
-      const bool indirect = next.kind == Kind::kCopy && !next.ints.empty();
-      // (print reads its operand; shuffle and nonzero may leave partitions of dst unwritten)
-      const bool partial = next.kind == Kind::kPrint || next.kind == Kind::kShuffle || next.kind == Kind::kNonzero ||
-                           next.kind == Kind::kRegister;  // register_load reads its operand
-      bool whole = !partial && !next.mask && !indirect && d.dynamic.empty() && d.tile == f.tile && d.byte_offset == f.byte_offset &&
-                   d.dtype == f.dtype && d.sizes == f.sizes && d.strides == f.strides;
-      for (size_t k = 1; whole && k < next.ops.size(); ++k) whole = next.ops[k].tile != f.tile;
-      for (const Access& s : next.dyn_srcs) whole = whole && s.tile != f.tile;
-      if (whole) continue;
+      if (overwrites_whole(next, f)) continue;
     }
     kept.push_back(ins);
   }
@@ -190,14 +261,67 @@ void Program::fill_at_first_use() {
     }
 }
 
+// A tile written whole again holds a new value from there on: like the NKI compiler, each such
+// version is placed by its own lifetime (it becomes a tile of its own), so a buffer reused across
+// the iterations of an unrolled loop does not keep its memory between them. Not for tiles of
+// several blocks, manually placed ones, or ones a dynamic loop uses (its body runs again).
+void Program::split_versions() {
+  std::vector<std::optional<Access>> whole(tiles_.size());
+  std::vector<int> fills(tiles_.size(), 0);
+  for (const Instruction& ins : code_)
+    if (ins.name == "<allocate>" && ins.ops.at(0).tile >= 0) {
+      whole[ins.ops[0].tile] = ins.ops[0];
+      ++fills[ins.ops[0].tile];
+    }
+  std::vector<bool> eligible(tiles_.size());
+  for (size_t i = 0; i < tiles_.size(); ++i) eligible[i] = fills[i] == 1 && !tiles_[i].pinned && !tiles_[i].dropped;
+  for (const auto& [b, e] : loop_spans())
+    for (int64_t i = b; i <= e; ++i)
+      for (const auto* list : {&code_[i].ops, &code_[i].dyn_srcs})
+        for (const Access& a : *list)
+          if (a.tile >= 0) eligible[a.tile] = false;
+  const size_t n = tiles_.size();
+  std::vector<int> current(n);
+  std::vector<bool> touched(n, false);
+  for (size_t i = 0; i < n; ++i) current[i] = static_cast<int>(i);
+  for (Instruction& ins : code_) {
+    const bool fill = ins.name == "<allocate>";
+    if (!ins.ops.empty() && !fill) {
+      const int t = ins.ops[0].tile;
+      if (t >= 0 && t < static_cast<int>(n) && eligible[t] && touched[current[t]] && overwrites_whole(ins, *whole[t])) {
+        Tile version = tiles_[t];
+        tiles_.push_back(version);
+        current[t] = static_cast<int>(tiles_.size() - 1);
+        touched.push_back(false);
+      }
+    }
+    for (auto* list : {&ins.ops, &ins.dyn_srcs})
+      for (Access& a : *list)
+        if (a.tile >= 0 && a.tile < static_cast<int>(n)) {
+          a.tile = current[a.tile];
+          if (!fill) touched[a.tile] = true;  // (a write right after the fill keeps the first version)
+        }
+  }
+  for (Tile& tile : tiles_)
+    if (!tile.dropped) {
+      tile.first = std::numeric_limits<int64_t>::max();
+      tile.last = 0;
+    }
+  for (size_t i = 0; i < code_.size(); ++i)
+    for (const auto* list : {&code_[i].ops, &code_[i].dyn_srcs})
+      for (const Access& a : *list)
+        if (a.tile >= 0) {
+          Tile& tile = tiles_[a.tile];
+          tile.first = std::min<int64_t>(tile.first, static_cast<int64_t>(i));
+          tile.last = std::max<int64_t>(tile.last, static_cast<int64_t>(i));
+        }
+}
+
 void Program::finalize() {
   if (finalized_) return;
   const Target& t = target();
   fill_at_first_use();
-  for (const Instruction& ins : code_)
-    for (const auto* list : {&ins.ops, &ins.dyn_srcs})
-      for (const Access& a : *list)
-        if (a.tile >= 0) tiles_[a.tile].last = std::max(tiles_[a.tile].last, &ins - code_.data());
+  split_versions();
   // A tile used both in a dynamic loop and outside it holds its memory for the whole loop: the
   // body runs again after its last use there.
   for (const auto& [b, e] : loop_spans())
@@ -231,9 +355,18 @@ void Program::finalize() {
   for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);
   std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return tiles_[a].first < tiles_[b].first; });
   std::vector<int> live;
+  const std::vector<int> donor = in_place_donors();
   for (int i : order) {
     Tile& tile = tiles_[i];
     if (tile.pinned || tile.dropped) continue;
+    if (donor[i] >= 0) {  // written over its dying source: that memory is now this tile's
+      auto it = std::find(live.begin(), live.end(), donor[i]);
+      if (it != live.end()) {
+        tile.offset = tiles_[donor[i]].offset;
+        *it = i;
+        continue;
+      }
+    }
     for (auto it = live.begin(); it != live.end();) {
       Tile& o = tiles_[*it];
       if (o.last < tile.first) {

@@ -168,6 +168,8 @@ class Program {
 
  private:
   void drop_overwritten_fills();
+  std::vector<int> in_place_donors() const;
+  void split_versions();
   void fill_at_first_use();
   // The dynamic loops' [begin, end] instruction indices, in code_ as it stands.
   std::vector<std::pair<int64_t, int64_t>> loop_spans() const;

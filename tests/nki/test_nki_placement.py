@@ -224,3 +224,42 @@ def test_static_cast_and_gen1_identity():
         return out
     a = np.random.rand(128, 128).astype(np.float32)
     assert np.allclose(nki.simulate_kernel(k, a), a, rtol=1e-5)
+
+
+def test_buffers_reused_across_an_unrolled_loop_take_memory_per_value():
+    """Two 120 KB-per-partition buffers made before a loop do not fit together in SBUF (224 KiB), but
+    as the NKI compiler places them they need not: each whole write starts a new value placed by
+    its own lifetime, and an elementwise result may take the memory of the source dying there."""
+    import torch_neuronx.nki.v2.isa as nisa2
+    import torch_neuronx.nki.v2.language as nl2
+    F = 30000
+
+    @nki.jit
+    def k(x):
+        out = nl2.ndarray(x.shape, x.dtype, buffer=nl2.shared_hbm)
+        buf = nl2.ndarray((128, F), x.dtype, buffer=nl2.sbuf)
+        res = nl2.ndarray((128, F), x.dtype, buffer=nl2.sbuf)
+        for i in range(x.shape[0]):
+            nisa2.dma_copy(dst=buf, src=x[i])
+            nisa2.tensor_scalar(dst=res, data=buf, op0=nl2.multiply, operand0=float(i + 1))
+            nisa2.activation(dst=res, op=nl2.exp, data=res, scale=1e-3)  # in place: reads res
+            nisa2.dma_copy(dst=out[i], src=res)
+        return out
+    x = np.random.default_rng(0).standard_normal((3, 128, F)).astype(np.float32)
+    out = k(x)
+    want = np.exp(x * np.arange(1, 4, dtype=np.float32)[:, None, None] * 1e-3)
+    np.testing.assert_allclose(out, want, rtol=1e-6)
+    assert k.last_trace_stats.program.sbuf_peak <= 120064 + 1024  # one buffer's worth (+ small tiles)
+
+    @nki.jit
+    def both_read_later(x):  # buf is read after res is made: they must coexist, and do not fit
+        out = nl2.ndarray(x.shape, x.dtype, buffer=nl2.shared_hbm)
+        buf = nl2.ndarray((128, F), x.dtype, buffer=nl2.sbuf)
+        res = nl2.ndarray((128, F), x.dtype, buffer=nl2.sbuf)
+        nisa2.dma_copy(dst=buf, src=x[0])
+        nisa2.tensor_scalar(dst=res, data=buf, op0=nl2.multiply, operand0=2.0)
+        nisa2.tensor_tensor(dst=res, data1=res, data2=buf, op=nl2.add)
+        nisa2.dma_copy(dst=out[0], src=res)
+        return out
+    with pytest.raises(MemoryError, match="does not fit"):
+        both_read_later(x)
