@@ -70,7 +70,7 @@ void check_instruction(const Instruction& ins, const Target& t) {
       fail(ins, a.role + ": SBUF and PSUM tensors must have at least 2 dimensions (partition-dim and free-dim)");
   }
   if (ins.ops.empty()) {
-    if (ins.kind != Kind::kSeed && ins.kind != Kind::kRegister && ins.kind != Kind::kLoopBegin &&
+    if (ins.kind != Kind::kSeed && ins.kind != Kind::kRegister && ins.kind != Kind::kPrng && ins.kind != Kind::kLoopBegin &&
         ins.kind != Kind::kLoopEnd)
       fail(ins, "has no destination");
     return;

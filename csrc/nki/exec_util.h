@@ -50,6 +50,8 @@ inline at::Tensor per_partition(const at::Tensor& s, const at::Tensor& t) {
 // match_replace8, gather, local_gather, stream_shuffle, sequence_bounds.
 // False when the kind is not one of them.
 bool execute_gpsimd(const Instruction& ins, const std::vector<at::Tensor>& v);
+// The engines' random number generators (prng.cpp).
+bool execute_prng(const Instruction& ins, const std::vector<at::Tensor>& v, RunState& state);
 // The microscaling instructions (mx.cpp): quantize_mx, nc_matmul_mx.
 bool execute_mx(const Instruction& ins, const std::vector<at::Tensor>& v);
 

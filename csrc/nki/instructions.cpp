@@ -85,7 +85,7 @@ void copy_indirect(const Instruction& ins, const std::vector<at::Tensor>& v) {
 // range; finite values outside it (in the written positions) are an error.
 // NaN passes (it shows an uninitialised read in the result).
 void check_activation_input(const Instruction& ins, const at::Tensor& x) {
-  if (ins.name != "activation" && ins.name != "activation_reduce") return;  // nisa.activation only
+  if (ins.name != "activation" && ins.name != "activation_reduce" && ins.name != "activate2") return;  // Scalar Engine
   double lo = 0, hi = 0;
   bool magnitude = false;
   if (!activation_range(ins.fns.at(0), lo, hi, magnitude)) return;
@@ -164,7 +164,7 @@ void execute(const Instruction& ins, const std::vector<at::Tensor>& v, RunState&
     state.seed = 0x9E3779B97F4A7C15ull ^ static_cast<uint64_t>(ins.ints.at(0));
     return;
   }
-  if (execute_gpsimd(ins, v) || execute_mx(ins, v)) return;
+  if (execute_gpsimd(ins, v) || execute_mx(ins, v) || execute_prng(ins, v, state)) return;
   if (ins.kind == Kind::kPrint) {
     print_values(ins, v[0]);
     return;
@@ -225,12 +225,16 @@ void execute(const Instruction& ins, const std::vector<at::Tensor>& v, RunState&
       check_activation_input(ins, x);
       at::Tensor y = activation(ins.fns.at(0), x, ins.scalars.size() > 1 ? ins.scalars[1] : 0.0);
       write(ins, dst, y);
-      // ints[3]: reduce_cmd over the Scalar Engine's registers (3, reset_reduce, without it)
+      // ints[3]: reduce_cmd over the Scalar Engine's registers (3, reset_reduce, without it), or
+      // the Vector Engine's (ints[4], Gen-2 exponential); ints[5]: a load_reduce start tile follows
       const int64_t cmd = ins.ints.size() > 3 ? ins.ints[3] : (ins.ints[2] ? 3 : 0);
       if (ins.ints[2] || cmd) {
         const std::string op = ins.fns.size() > 1 ? ins.fns[1] : "add";
         at::Tensor r = reduce(op, y, free_dims(y), true).reshape({y.size(0), 1});
-        at::Tensor acc = accumulate(state.scalar_acc, cmd, op, r, at::Tensor());
+        at::Tensor init;
+        if (ins.ints.size() > 5 && ins.ints[5]) init = f32(v.at(k + ins.ints[2])).reshape(r.sizes());
+        at::Tensor& regs = ins.ints.size() > 4 && ins.ints[4] ? state.vector_acc : state.scalar_acc;
+        at::Tensor acc = accumulate(regs, cmd, op, r, init);
         if (ins.ints[2]) write(Instruction{ins.kind}, v[k], acc);
       }
       return;

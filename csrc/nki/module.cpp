@@ -54,6 +54,7 @@ const std::unordered_map<std::string, Kind>& kinds() {
       {"nonzero", Kind::kNonzero},
       {"quantize_mx", Kind::kQuantizeMx},
       {"matmul_mx", Kind::kMatmulMx},
+      {"prng", Kind::kPrng},
       {"register", Kind::kRegister},
       {"loop_begin", Kind::kLoopBegin},
       {"loop_end", Kind::kLoopEnd},

@@ -391,6 +391,8 @@ void Program::finalize() {
   for (const Instruction& ins : code_) {
     if (ins.kind == Kind::kRegister) num_registers_ = std::max(num_registers_, ins.ints.at(1) + 1);
     if (ins.kind == Kind::kRegister && ins.ints.at(0) == 1) num_registers_ = std::max(num_registers_, ins.ints.at(2) + 1);
+    if (ins.kind == Kind::kLoopEnd)
+      for (size_t k = 1; k < ins.ints.size(); ++k) num_registers_ = std::max(num_registers_, ins.ints[k] + 1);
     if (ins.kind == Kind::kLoopBegin)
       for (int64_t c = 0; c < ins.ints.at(2); ++c)
         for (int k : {0, 2, 4})
@@ -570,6 +572,19 @@ void Program::run(const std::vector<at::Tensor>& hbm) const {
       const auto id = static_cast<size_t>(ins.ints.at(0));
       const std::vector<int64_t>& head = code_[loops_.at(id).first].ints;
       const int64_t step = head.at(1), cores = head.at(2);
+      if (step == 0) {  // while_loop: runs while the condition registers are nonzero
+        const bool begin = ins.kind == Kind::kLoopBegin;
+        bool go = false;
+        for (int64_t c = 0; c < cores; ++c) {
+          const bool on = reg(state, begin ? head.at(3 + 5 * c) : ins.ints.at(1 + c)) != 0;
+          TORCH_CHECK(c == 0 || on == go, "while_loop: the logical cores' conditions differ; cores of one launch "
+                      "run a dynamic loop together");
+          go = on;
+        }
+        if (begin && !go) pc = static_cast<size_t>(loops_[id].second);
+        if (!begin && go) pc = static_cast<size_t>(loops_[id].first);
+        continue;
+      }
       if (ins.kind == Kind::kLoopBegin) {
         for (int64_t c = 0; c < cores; ++c) {
           const int64_t* f = &head.at(3 + 5 * c);

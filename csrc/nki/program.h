@@ -78,6 +78,7 @@ enum class Kind : uint8_t {
   kNonzero,           // dst (P, T+1) = nonzero indices of src, padding, count (every 16th partition)
   kQuantizeMx,        // dst (packed MX words), ops[2] (scales) = src quantized per 8x4 group
   kMatmulMx,          // dst (PSUM) [+]= dequantized stationaryᵀ · moving (packed MX, with scales)
+  kPrng,              // the engines' XORWOW generators: rng, rand2, set_rng_seed, rand_set/get_state (prng.cpp)
   kRegister,          // a sequencer register: ints [op, reg, value]; op set/copy (no operands), load/store ops[0]
   kLoopBegin,         // a dynamic loop: ints [loop, step, cores, then per core: counter reg, start is reg,
                       // start, stop is reg, stop]
@@ -194,6 +195,7 @@ struct RunState {
   std::vector<int64_t> loop_left;  // per dynamic loop: iterations still to run
   at::Tensor vector_acc;  // the Vector Engine's (partitions, 1) fp32 registers, undefined until first set
   at::Tensor scalar_acc;  // the Scalar Engine's (activation's reduce_regs)
+  std::vector<uint32_t> prng[2];  // the Vector [0] and GpSimd [1] Engines' generator states (prng.cpp)
 };
 // Execution of one instruction on views (instructions.cpp).
 void execute(const Instruction& ins, const std::vector<at::Tensor>& views, RunState& state);

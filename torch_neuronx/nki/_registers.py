@@ -97,10 +97,16 @@ def _joint(kind, payload, action):
     _meet((kind,), set(range(tr.grid[0] if tr.grid else 1)), payload, action)
 
 
+def _not_in_no_reorder(what):
+    if current().__dict__.get("_no_reorder", 0):
+        raise ValueError(f"{what}: register-based dynamic loops are not supported inside an nl.no_reorder() block")
+
+
 def dynamic_range(start, stop=None, step=1):
     """``range(start, stop, step)`` run on the device: ``start``/``stop`` may be registers read when
     the loop starts; ``step`` is a positive constant. Yields the loop counter (a register). The
     logical cores of a ``kernel[2]`` launch run the loop together (the same number of times)."""
+    _not_in_no_reorder("dynamic_range")
     if stop is None:
         start, stop = 0, start
     if isinstance(step, VirtualRegister) or int(step) <= 0:
@@ -120,6 +126,27 @@ def dynamic_range(start, stop=None, step=1):
     _joint("dynamic_range", [counter.index, *_bound(start), *_bound(stop)], begin)
     yield counter
     _joint("dynamic_range_end", None, end)
+
+
+def while_loop(init, body_fun):
+    """Runs ``r = body_fun(r)`` while register ``r`` is nonzero, checked before each iteration
+    (``init`` zero: no iteration). ``body_fun`` returns the register holding the next condition."""
+    _not_in_no_reorder("while_loop")
+    _reg(init, "while_loop init")
+    tr = current()
+    open_loops = tr.__dict__.setdefault("_open_loops", [])
+
+    def begin(calls):
+        loop = _counter(tr, "loop")
+        open_loops.append(loop)
+        _emit("loop_begin", [loop, 0, len(calls)] + [x for r in sorted(calls) for x in (calls[r], 0, 0, 0, 0)])
+
+    def end(calls):
+        _emit("loop_end", [open_loops.pop()] + [calls[r] for r in sorted(calls)])
+
+    _joint("while_loop", init.index, begin)
+    nxt = body_fun(init)
+    _joint("while_loop_end", _reg(nxt, "the register while_loop's body returns"), end)
 
 
 def fori_loop(lower, upper, body_fun, step=1):

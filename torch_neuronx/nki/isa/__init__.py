@@ -146,11 +146,16 @@ def _pp(x, role, op):
 
 
 def activation(op, data, *, bias=None, scale=1.0, reduce_op=None, reduce_res=None, reduce_cmd=reduce_cmd.idle,
-               mask=None, dtype=None, _dst=None, **kwargs):
-    """``op(data * scale + bias)`` in fp32 (``scale`` a constant or a (P, 1) tile; ``bias`` (P, 1))."""
-    v = require_space(data, (SBUF, PSUM), "activation", "data")
+               mask=None, dtype=None, _dst=None, _name="activation", _alpha=None, _vector_regs=False,
+               _reduce_init=None, **kwargs):
+    """``op(data * scale + bias)`` in fp32 (``scale`` a constant or a (P, 1) tile; ``bias`` (P, 1)).
+    (``_vector_regs``: the reduction uses the Vector Engine's registers, for Gen-2 ``exponential``;
+    ``_reduce_init``: a (P, 1) tile ``load_reduce`` starts from; ``_alpha``: the function's parameter.)"""
+    v = require_space(data, (SBUF, PSUM), _name, "data")
     t, d = _out(v, dtype, dst=_dst)
     srcs, roles, ints, scalars = [v], ["dst", "data"], [0, 0, 0], [1.0]
+    if _alpha is not None:
+        scalars.append(float(_alpha))
     if bias is not None:
         srcs.append(_pp(bias, "bias", "activation"))
         roles.append("bias")
@@ -167,9 +172,14 @@ def activation(op, data, *, bias=None, scale=1.0, reduce_op=None, reduce_res=Non
         srcs.append(require_space(reduce_res, (SBUF, PSUM), "activation", "reduce_res"))
         roles.append("reduce_res")
         ints[2] = 1
-    # the Scalar Engine's reduce registers; a reduce_res without a command starts a new reduction
+    # the engine's reduce registers; a reduce_res without a command starts a new reduction
     ints.append(3 if reduce_res is not None and cmd == 0 else cmd)
-    issue("activation", "activation", d, srcs, fns=fns, scalars=scalars, ints=ints, mask=mask, same_shape=False,
+    ints.append(int(_vector_regs))
+    if _reduce_init is not None:
+        srcs.append(_pp(_reduce_init, "reduce_init", _name))
+        roles.append("reduce_init")
+    ints.append(int(_reduce_init is not None))
+    issue("activation", _name, d, srcs, fns=fns, scalars=scalars, ints=ints, mask=mask, same_shape=False,
           roles=roles)
     return t
 

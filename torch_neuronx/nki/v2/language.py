@@ -21,7 +21,25 @@ from ..language import (  # noqa: F401
     tile_size, transpose, trunc, uint8, uint16, uint32, where, abs_max, all, var, rms_norm, dropout, device_print,
     shared_constant, float8_e8m0fnu, float8_e4m3fn_x4, float8_e5m2_x4, float4_e2m1fn_x4)
 from ..language import nki_dtype as _nki_dtype
-from .._registers import dynamic_range, fori_loop  # noqa: F401
+from .._registers import dynamic_range, fori_loop, while_loop  # noqa: F401
+from ..language import gather_flattened  # noqa: F401
+
+
+class no_reorder:  # noqa: N801 - NKI's name
+    """``with nl.no_reorder():`` keeps the block's instructions in program order. The simulated
+    NeuronCore runs every instruction in program order, so the block needs nothing more; dynamic
+    loops inside it are rejected, as by NKI."""
+
+    def __enter__(self):
+        from .._emit import current
+        tr = current()
+        tr.__dict__["_no_reorder"] = tr.__dict__.get("_no_reorder", 0) + 1
+        return self
+
+    def __exit__(self, *exc):
+        from .._emit import current
+        current().__dict__["_no_reorder"] -= 1
+        return False
 
 import torch as _torch
 

@@ -15,6 +15,8 @@ from ..._emit import issue, require_space
 from ..._tensor import PSUM, SBUF, as_view, to_dtype
 from .mx import _accumulates, nc_matmul_mx, quantize_mx  # noqa: F401 - nki.isa names
 from ..._registers import register_alloc, register_load, register_move, register_store  # noqa: F401
+from .engines_v4 import (activate2, exponential, rand2, rand_get_state, rand_set_state, rng,  # noqa: F401
+                         set_rng_seed)
 
 
 class engine(enum.Enum):
