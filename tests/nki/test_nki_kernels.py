@@ -192,3 +192,29 @@ def test_indirect_index_out_of_bounds():
     with pytest.raises(IndexError, match="out of bounds"):
         gather(False)(torch.from_numpy(a).to("neuron"), torch.from_numpy(idx).to("neuron")).cpu()
     assert (torch.ones(3, device="neuron") * 2).cpu().tolist() == [2, 2, 2]
+
+
+@pytest.mark.parametrize("grid", ["nc2", "plain2", "one"])
+def test_all_reduce_across_spmd_instances(grid):
+    import torch_neuronx.nki.language as nl
+
+    @nki.jit
+    def k(x):
+        out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
+        me = nl.program_id(0)
+        n = nl.num_programs(0)
+        rows = x.shape[0] // n
+        t = nl.load(x[me * rows:(me + 1) * rows, :])  # (P, F): this instance's block
+        i_p = nl.arange(t.shape[0])[:, None]
+        s = nl.all_reduce(t, op=np.add, program_axes=0, mask=(i_p < 100))  # rows >= 100 not written
+        nl.store(out[me * rows:(me + 1) * rows, :], value=nl.maximum(s, -1e30), mask=(i_p < 100))
+        return out
+    x = np.random.default_rng(0).standard_normal((256, 512)).astype(np.float32)
+    launch = {"nc2": lambda: k[nl.nc(2)](x), "plain2": lambda: k[2](x), "one": lambda: k(x[:128])}[grid]
+    out = launch()
+    if grid == "one":
+        np.testing.assert_array_equal(out[:100], x[:100])
+        return
+    total = x[:128] + x[128:]
+    np.testing.assert_allclose(out[:100], total[:100], rtol=1e-6)
+    np.testing.assert_allclose(out[128:228], total[:100], rtol=1e-6)

@@ -13,6 +13,7 @@ import torch
 from . import _emit, _loops
 from ._emit import current, issue, new_tensor, new_tile, require_space, result_dtype
 from ._index import DynSlice, IndexExpr, Mask, arange, ds, mgrid  # noqa: F401
+from ._spmd_reduce import all_reduce  # noqa: F401
 from ._tensor import (HBM, PSUM, SBUF, MemorySpace, NkiTensor, View, as_view, is_tile, nki_dtype,  # noqa: F401
                       packed_dtype, par_dim, to_dtype)
 
