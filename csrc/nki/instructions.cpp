@@ -61,7 +61,12 @@ void copy_indirect(const Instruction& ins, const std::vector<at::Tensor>& v) {
   auto* base = static_cast<uint8_t*>(ind.data_ptr());
   const int64_t item = static_cast<int64_t>(ind.element_size());
   auto* ip = idx.data_ptr<int64_t>();
+  // A mask (over dst) leaves rows, or elements, alone: a row it masks off whole is not read, so
+  // its index need not be in range.
+  std::optional<at::Tensor> keep;
+  if (ins.mask) keep = ins.mask->reshape({ins.mask->size(0), -1});
   for (int64_t p = 0; p < ind.size(0); ++p) {
+    if (keep && !keep->select(0, p).any().item<bool>()) continue;
     if (ip[p] < 0 || ip[p] >= size) {
       if (skip) continue;
       // AWS's simulator words it as NumPy does for the flattened tensor
@@ -70,14 +75,11 @@ void copy_indirect(const Instruction& ins, const std::vector<at::Tensor>& v) {
     at::Tensor row = at::from_blob(base + ip[p] * stride * item, ind.sizes().slice(1), ind.strides().slice(1),
                                    ind.options());
     at::Tensor o = other.select(0, p);
-    if (side == 0) {
-      if (accumulate)
-        store(row, f32(row) + f32(o));
-      else
-        store(row, o);
-    } else {
-      store(o, row);
-    }
+    at::Tensor& dst = side == 0 ? row : o;
+    at::Tensor value = side == 0 ? (accumulate ? f32(row) + f32(o) : o) : row;
+    if (keep && !keep->select(0, p).all().item<bool>())
+      value = at::where(keep->select(0, p).reshape(dst.sizes()), to_dtype(value, dst.scalar_type()), dst);
+    store(dst, value);
   }
 }
 

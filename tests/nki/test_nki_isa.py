@@ -434,3 +434,31 @@ def test_float8_e4m3_results_of_a_torch_launch_are_float8_e4m3fn():
         assert got[:2].tolist() == [1.0, 240.0] and got[3] == -3.25 and got[2].isnan() and got[4].isnan()
     with pytest.raises(TypeError, match="torch.float8_e4m3fnuz has no NKI dtype"):
         k(x.to(torch.float8_e4m3fnuz))
+
+
+def test_integer_divide_is_true_division_and_masked_indirect_rows():
+    """nl.divide of integers gives float32 (numpy.divide); an indirect load under a mask that is
+    not a rectangle writes only the kept elements of each row."""
+    import torch_neuronx.nki.isa as nisa1
+    import torch_neuronx.nki.language as nl1
+
+    @nki.jit
+    def k(x, idx):
+        out = nl1.ndarray((128, 64), nl1.float32, buffer=nl1.shared_hbm)
+        q = nl1.ndarray((128, 1), nl1.float32, buffer=nl1.shared_hbm)
+        i_p, i_f = nl1.mgrid[0:128, 0:64]
+        pos = nisa1.iota(nl1.arange(128)[:, None], dtype=nl1.int32)
+        quotient = pos / 38
+        nl1.store(q, value=quotient)
+        it = nl1.load(idx)
+        t = nl1.full((128, 64), -1.0, nl1.float32)
+        t[i_p, i_f] = nl1.load(x[it[i_p, 0], i_f], mask=(i_f <= i_p))  # lower triangle only
+        nl1.store(out, value=t)
+        return out, q
+    x = np.random.default_rng(0).standard_normal((128, 64)).astype(np.float32)
+    idx = np.random.default_rng(1).permutation(128).astype(np.int32)[:, None]
+    out, q = k(x, idx)
+    assert q.dtype == np.float32 and np.allclose(q[:, 0], np.arange(128) / 38)
+    tri = np.tril(np.ones((128, 64), bool))
+    np.testing.assert_array_equal(out[tri], x[idx[:, 0]][tri])
+    assert (out[~tri] == -1).all()

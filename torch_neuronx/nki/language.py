@@ -392,7 +392,11 @@ def _make_binary(name, logical=False):
     def f(x, y, *, dtype=None, mask=None, **kwargs):
         if not is_tile(x) and not is_tile(y):
             return _PY_BINARY[name](x, y)
-        return _binary(name, x, y, dtype, mask, out_dtype=torch.bool if logical else None)
+        out = torch.bool if logical else None
+        if name == "divide" and dtype is None and not any(
+                (as_view(v).tdtype.is_floating_point if is_tile(v) else isinstance(v, float)) for v in (x, y)):
+            out = torch.float32  # true division, as numpy.divide (kernels floor the result themselves)
+        return _binary(name, x, y, dtype, mask, out_dtype=out)
     f.__name__ = f.__qualname__ = name
     f._nki_op = name
     f.__doc__ = f"``nl.{name}``: elementwise on two tiles or a tile and a scalar (numpy broadcasting)."
