@@ -9,6 +9,7 @@
 #include "backend/bindings.h"
 #include "nki/alu.h"
 #include "nki/launch_op.h"
+#include "nki/cost_model.h"
 #include "nki/program.h"
 
 namespace py = pybind11;
@@ -176,6 +177,17 @@ void bind(py::module& parent) {
       .def_property_readonly("num_instructions", [](const Program& p) { return p.instructions().size(); })
       .def_property_readonly("sbuf_peak", [](const Program& p) { return p.peak_bytes(Space::kSbuf); })
       .def_property_readonly("psum_peak", [](const Program& p) { return p.peak_bytes(Space::kPsum); })
+      .def("model_cost", [](const Program& p) {
+        const CostReport r = model_cost(p, target());
+        py::dict busy;
+        for (int e = 0; e < kModeledEngines; ++e) busy[engine_name(static_cast<Engine>(e))] = r.busy_ns[e];
+        py::list steps;
+        for (const auto& s : r.steps) steps.append(py::make_tuple(s.name, engine_name(s.engine), s.start_ns, s.end_ns));
+        return py::dict(py::arg("latency_ns") = r.latency_ns, py::arg("busy_ns") = busy,
+                        py::arg("tensor_flops") = r.tensor_flops, py::arg("tensor_peak_flops") = r.tensor_peak,
+                        py::arg("dma_bytes") = r.dma_bytes, py::arg("dma_queues") = kDmaQueues,
+                        py::arg("steps") = steps);
+      })
       .def("instruction_names", [](const Program& p) {
         std::vector<std::string> n;
         for (const auto& i : p.instructions()) n.push_back(i.name);

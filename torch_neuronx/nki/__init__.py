@@ -15,6 +15,7 @@ import functools
 
 from . import compiler, isa, language, typing  # noqa: F401
 from ._tensor import NkiTensor as tensor  # noqa: F401
+from ._profile import ModeledProfile, profile  # noqa: F401
 from ._trace import Kernel, benchmark_latencies
 
 

@@ -1,0 +1,144 @@
+#include "nki/cost_model.h"
+
+#include <algorithm>
+#include <map>
+
+#include "nki/target.h"
+
+namespace neuronx::nki {
+
+namespace {
+
+int64_t free_size(const Access& a) {
+  int64_t n = 1;
+  for (size_t i = 1; i < a.sizes.size(); ++i) n *= a.sizes[i];
+  return n;
+}
+
+int64_t bytes_of(const Access& a) {
+  int64_t n = static_cast<int64_t>(c10::elementSize(a.dtype));
+  for (int64_t s : a.sizes) n *= s;
+  return n;
+}
+
+// Engine clocks (GHz) of each generation: Tensor, Vector, Scalar, GpSimd.
+std::array<double, 4> clocks(const Target& t) {
+  if (t.nc_version <= 2) return {2.8, 1.12, 1.4, 1.4};  // Trainium/Inferentia2
+  if (t.nc_version == 3) return {2.4, 0.96, 1.2, 1.2};  // Trainium2
+  return {2.4, 1.2, 1.2, 1.2};                          // Trainium3
+}
+
+// HBM bandwidth per NeuronCore (GB/s): device bandwidth over its cores.
+double hbm_gbps(const Target& t) { return t.nc_version <= 2 ? 820.0 / 2 : t.nc_version == 3 ? 3000.0 / 8 : 4700.0 / 8; }
+
+constexpr double kDmaQueueGBps = 27.0 * 1.073741824;  // 27 GiB/s per DMA engine
+constexpr double kDmaFixedNs = 1300.0;                // per transfer
+
+bool is_fp32(at::ScalarType s) { return s == at::kFloat; }
+
+}  // namespace
+
+const char* engine_name(Engine e) {
+  static const char* names[] = {"tensor", "vector", "scalar", "gpsimd", "dma", "none"};
+  return names[static_cast<int>(e)];
+}
+
+std::pair<Engine, double> instruction_cycles(const Instruction& ins) {
+  if (ins.ops.empty()) return {Engine::kNone, 0};
+  const Access& d = ins.ops[0];
+  const int64_t n = free_size(d);
+  switch (ins.kind) {
+    case Kind::kMatmul:
+    case Kind::kMatmulMx: {
+      // initiation interval max(min(64, N_stationary), N_moving), 4x for fp32 operands
+      const int64_t ns = free_size(ins.ops.at(1)), nm = free_size(ins.ops.at(2));
+      const double c = static_cast<double>(std::max<int64_t>(std::min<int64_t>(64, ns), nm));
+      const bool fp32 = ins.kind == Kind::kMatmul && (is_fp32(ins.ops[1].dtype) || is_fp32(ins.ops[2].dtype));
+      return {Engine::kTensor, fp32 ? 4 * c : c};
+    }
+    case Kind::kTranspose:
+      if (d.space() == Space::kPsum) return {Engine::kTensor, static_cast<double>(std::max<int64_t>(64, n))};
+      return {Engine::kVector, static_cast<double>(std::max<int64_t>(64, n))};
+    case Kind::kActivation:
+      if (ins.name == "exponential") return {Engine::kVector, static_cast<double>(std::max<int64_t>(64, n))};
+      return {Engine::kScalar, static_cast<double>(std::max<int64_t>(64, n))};
+    case Kind::kCopy: {
+      bool hbm = false;
+      for (const Access& a : ins.ops) hbm = hbm || !a.on_chip();
+      if (hbm) return {Engine::kDma, 0};  // timed by bytes (model_cost)
+      return {Engine::kVector, static_cast<double>(std::max<int64_t>(64, n))};
+    }
+    case Kind::kTensorTensor:
+      return {Engine::kVector, static_cast<double>(std::max<int64_t>(64, 2 * free_size(ins.ops.at(1))))};
+    case Kind::kReduce:
+    case Kind::kPartitionReduce:
+    case Kind::kBnStats:
+    case Kind::kMax8:
+    case Kind::kFindIndex8:
+    case Kind::kMatchReplace8:
+    case Kind::kCumulative:
+    case Kind::kScan:
+      return {Engine::kVector, static_cast<double>(std::max<int64_t>(64, free_size(ins.ops.at(1))))};
+    case Kind::kGather:
+    case Kind::kLocalGather:
+    case Kind::kShuffle:
+    case Kind::kSequenceBounds:
+    case Kind::kNonzero:
+      return {Engine::kGpSimd, static_cast<double>(std::max<int64_t>(64, n))};
+    case Kind::kSeed:
+    case Kind::kPrint:
+    case Kind::kRegister:
+    case Kind::kLoopBegin:
+    case Kind::kLoopEnd:
+      return {Engine::kNone, 0};
+    default:  // tensor_scalar, select, memset, iota, bn_aggr, quantize_mx, random...: one input
+      return {Engine::kVector, static_cast<double>(std::max<int64_t>(64, n))};
+  }
+}
+
+CostReport model_cost(const Program& p, const Target& t) {
+  CostReport r;
+  const auto ghz = clocks(t);
+  r.tensor_peak = 2.0 * 128 * 128 * ghz[0] * 1e9;
+  std::array<double, 4> engine_free{};
+  std::array<double, kDmaQueues> queue_free{};
+  std::map<int64_t, double> ready, read_until;  // per tile (>= 0) or HBM buffer (< 0)
+  auto key = [](const Access& a) { return a.tile >= 0 ? static_cast<int64_t>(a.tile) : -1 - a.buffer; };
+  const double dma_gbps = std::min(kDmaQueues * kDmaQueueGBps, hbm_gbps(t));
+  for (const Instruction& ins : p.instructions()) {
+    if (ins.name == "<allocate>") continue;  // the simulator's NaN fill of new tiles: not on hardware
+    auto [engine, cycles] = instruction_cycles(ins);
+    if (engine == Engine::kNone) continue;
+    double start = 0;
+    for (size_t i = 1; i < ins.ops.size(); ++i) start = std::max(start, ready[key(ins.ops[i])]);  // reads
+    for (const Access& a : ins.dyn_srcs) start = std::max(start, ready[key(a)]);
+    const int64_t dk = key(ins.ops[0]);
+    start = std::max({start, ready[dk], read_until[dk]});  // writes after earlier writes and reads
+    double dur;
+    size_t queue = 0;
+    if (engine == Engine::kDma) {
+      const int64_t bytes = bytes_of(ins.ops[0]);
+      r.dma_bytes += static_cast<double>(bytes);
+      dur = kDmaFixedNs + static_cast<double>(bytes) / dma_gbps;
+      queue = static_cast<size_t>(std::min_element(queue_free.begin(), queue_free.end()) - queue_free.begin());
+      start = std::max(start, queue_free[queue]);
+    } else {
+      dur = cycles / ghz[static_cast<int>(engine)];
+      start = std::max(start, engine_free[static_cast<int>(engine)]);
+    }
+    const double end = start + dur;
+    if (engine == Engine::kDma) queue_free[queue] = end;
+    else engine_free[static_cast<int>(engine)] = end;
+    r.busy_ns[static_cast<int>(engine)] += dur;
+    ready[dk] = end;
+    for (size_t i = 1; i < ins.ops.size(); ++i) read_until[key(ins.ops[i])] = std::max(read_until[key(ins.ops[i])], end);
+    if (ins.kind == Kind::kMatmul || ins.kind == Kind::kMatmulMx)
+      r.tensor_flops += 2.0 * ins.ops[1].sizes[0] * (ins.kind == Kind::kMatmulMx ? 4 : 1) * free_size(ins.ops[1]) *
+                        free_size(ins.ops[2]);
+    r.latency_ns = std::max(r.latency_ns, end);
+    r.steps.push_back({ins.name, engine, start, end});
+  }
+  return r;
+}
+
+}  // namespace neuronx::nki
