@@ -36,6 +36,33 @@ constexpr double kDmaFixedNs = 1300.0;                // per transfer
 
 bool is_fp32(at::ScalarType s) { return s == at::kFloat; }
 
+// The part of its memory an access touches: partitions [p0, p1) and bytes [f0, f1) within each
+// (HBM: one "partition", the linear bytes). Writes to disjoint parts of a tile do not wait on
+// each other.
+struct Region {
+  int64_t p0, p1, f0, f1;
+  bool overlaps(const Region& o) const { return p0 < o.p1 && o.p0 < p1 && f0 < o.f1 && o.f0 < f1; }
+};
+
+Region region_of(const Access& a, const Target& t) {
+  const auto item = static_cast<int64_t>(c10::elementSize(a.dtype));
+  int64_t lo = 0, hi = 0;
+  for (size_t i = a.on_chip() ? 1 : 0; i < a.sizes.size(); ++i) {
+    const int64_t span = (a.sizes[i] - 1) * a.strides[i] * item;
+    (span < 0 ? lo : hi) += span;
+  }
+  if (!a.on_chip()) return {0, 1, a.byte_offset + lo, a.byte_offset + hi + item};
+  const int64_t pb = a.space() == Space::kPsum ? t.psum_partition_bytes : t.sbuf_partition_bytes;
+  const int64_t p = a.byte_offset / pb, f = a.byte_offset % pb;
+  const int64_t np = a.sizes.empty() ? 1 : a.sizes[0] * std::max<int64_t>(1, a.strides[0] * item / pb);
+  return {p, p + std::max<int64_t>(np, 1), f + lo, f + hi + item};
+}
+
+struct Use {
+  Region region;
+  double write_end, read_end;
+};
+
 }  // namespace
 
 const char* engine_name(Engine e) {
@@ -102,26 +129,36 @@ CostReport model_cost(const Program& p, const Target& t) {
   r.tensor_peak = 2.0 * 128 * 128 * ghz[0] * 1e9;
   std::array<double, 4> engine_free{};
   std::array<double, kDmaQueues> queue_free{};
-  std::map<int64_t, double> ready, read_until;  // per tile (>= 0) or HBM buffer (< 0)
+  double link_free = 0;  // the queues share the core's DMA/HBM bandwidth
+  std::map<int64_t, std::vector<Use>> uses;  // per tile (>= 0) or HBM buffer (< 0)
   auto key = [](const Access& a) { return a.tile >= 0 ? static_cast<int64_t>(a.tile) : -1 - a.buffer; };
+  // When an access may start: after overlapping writes (and, for a write, overlapping reads).
+  auto ready_for = [&](const Access& a, bool write) {
+    double t0 = 0;
+    const Region r = region_of(a, t);
+    for (const Use& u : uses[key(a)])
+      if (u.region.overlaps(r)) t0 = std::max({t0, u.write_end, write ? u.read_end : 0.0});
+    return t0;
+  };
   const double dma_gbps = std::min(kDmaQueues * kDmaQueueGBps, hbm_gbps(t));
   for (const Instruction& ins : p.instructions()) {
     if (ins.name == "<allocate>") continue;  // the simulator's NaN fill of new tiles: not on hardware
     auto [engine, cycles] = instruction_cycles(ins);
     if (engine == Engine::kNone) continue;
-    double start = 0;
-    for (size_t i = 1; i < ins.ops.size(); ++i) start = std::max(start, ready[key(ins.ops[i])]);  // reads
-    for (const Access& a : ins.dyn_srcs) start = std::max(start, ready[key(a)]);
-    const int64_t dk = key(ins.ops[0]);
-    start = std::max({start, ready[dk], read_until[dk]});  // writes after earlier writes and reads
+    double start = ready_for(ins.ops[0], true);
+    for (size_t i = 1; i < ins.ops.size(); ++i) start = std::max(start, ready_for(ins.ops[i], false));
+    for (const Access& a : ins.dyn_srcs) start = std::max(start, ready_for(a, false));
     double dur;
     size_t queue = 0;
     if (engine == Engine::kDma) {
       const int64_t bytes = bytes_of(ins.ops[0]);
       r.dma_bytes += static_cast<double>(bytes);
-      dur = kDmaFixedNs + static_cast<double>(bytes) / dma_gbps;
       queue = static_cast<size_t>(std::min_element(queue_free.begin(), queue_free.end()) - queue_free.begin());
       start = std::max(start, queue_free[queue]);
+      // the fixed cost overlaps across queues; the bytes take their turn on the shared bandwidth
+      const double data_start = std::max(start + kDmaFixedNs, link_free);
+      link_free = data_start + static_cast<double>(bytes) / dma_gbps;
+      dur = link_free - start;
     } else {
       dur = cycles / ghz[static_cast<int>(engine)];
       start = std::max(start, engine_free[static_cast<int>(engine)]);
@@ -130,8 +167,17 @@ CostReport model_cost(const Program& p, const Target& t) {
     if (engine == Engine::kDma) queue_free[queue] = end;
     else engine_free[static_cast<int>(engine)] = end;
     r.busy_ns[static_cast<int>(engine)] += dur;
-    ready[dk] = end;
-    for (size_t i = 1; i < ins.ops.size(); ++i) read_until[key(ins.ops[i])] = std::max(read_until[key(ins.ops[i])], end);
+    for (size_t i = 1; i < ins.ops.size(); ++i) uses[key(ins.ops[i])].push_back({region_of(ins.ops[i], t), 0.0, end});
+    // a write replaces what it covers: earlier uses inside it no longer order anything after it
+    const Region w = region_of(ins.ops[0], t);
+    std::vector<Use>& du = uses[key(ins.ops[0])];
+    du.erase(std::remove_if(du.begin(), du.end(),
+                            [&](const Use& u) {
+                              return u.region.p0 >= w.p0 && u.region.p1 <= w.p1 && u.region.f0 >= w.f0 &&
+                                     u.region.f1 <= w.f1 && u.write_end <= end && u.read_end <= end;
+                            }),
+             du.end());
+    du.push_back({w, end, 0.0});
     if (ins.kind == Kind::kMatmul || ins.kind == Kind::kMatmulMx)
       r.tensor_flops += 2.0 * ins.ops[1].sizes[0] * (ins.kind == Kind::kMatmulMx ? 4 : 1) * free_size(ins.ops[1]) *
                         free_size(ins.ops[2]);

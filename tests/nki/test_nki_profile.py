@@ -76,3 +76,19 @@ def test_tiled_matmul_keeps_the_tensor_engine_busier_in_bf16_than_fp32():
     assert r32.tensor_flops == r16.tensor_flops == 2 * 512 ** 3
     assert r32.busy_us["tensor"] == pytest.approx(4 * r16.busy_us["tensor"])
     assert 0 < r16.tensor_utilization < 1 and 0 < r16.utilization("dma") <= 1
+
+
+def test_writes_to_disjoint_parts_of_a_tile_overlap_and_dmas_share_bandwidth():
+    @nki.jit
+    def halves(x):
+        t = nl.ndarray((128, 2, 1024), nl.float32, buffer=nl.sbuf)
+        for i in range(2):
+            t[:, i, :] = nl.load(x[:, i * 1024:(i + 1) * 1024])   # two blocks of one tile
+        out = nl.ndarray((128, 2048), nl.float32, buffer=nl.shared_hbm)
+        nl.store(out[:, 0:1024], value=nisa.tensor_scalar(t[:, 0, :], np.multiply, 1.0))
+        return out
+    r = nki.profile(halves)(np.random.rand(128, 2048).astype(np.float32))
+    loads = [(s, e) for n, _, s, e in r.steps if n == "load"]
+    assert loads[1][0] < loads[0][1]                 # the second load does not wait for the first
+    data_ns = 512 * 1024 / min(16 * 27 * 1.073741824, 3000 / 8)  # bytes at the shared DMA bandwidth
+    assert loads[1][1] - loads[0][1] == pytest.approx(data_ns / 1e3)  # ...but its bytes follow the first's
