@@ -117,8 +117,10 @@ class NeuronProfilerSession final : public libkineto::IActivityProfilerSession {
     buffer_->gpuOpCount = 0;
     static std::atomic<uint32_t> next_flow{1};  // flow ids must be unique within a trace
     for (const KernelRecord& r : records_) {
+      // modeled engine steps sit on their own tracks, without launch arrows of their own
+      const bool modeled = r.queue >= rt::kModeledTrackBase;
       const libkineto::ITraceActivity* op =
-          cpu_op && r.correlation ? cpu_op(static_cast<int32_t>(r.correlation)) : nullptr;
+          !modeled && cpu_op && r.correlation ? cpu_op(static_cast<int32_t>(r.correlation)) : nullptr;
       const uint32_t flow = op ? next_flow.fetch_add(1) : 0;
       if (op) {
         // The launch on the host thread, like cudaLaunchKernel: the start of
@@ -153,7 +155,8 @@ class NeuronProfilerSession final : public libkineto::IActivityProfilerSession {
         k.flow.type = libkineto::kLinkAsyncCpuGpu;
         k.flow.start = 0;
       }
-      k.addMetadata("stream", std::to_string(r.queue));
+      if (modeled) k.addMetadataQuoted("timing", "modeled by the NKI cost model");
+      else k.addMetadata("stream", std::to_string(r.queue));
       k.addMetadata("device", std::to_string(r.device));
       k.addMetadata("queued_us", std::to_string((r.start_ns - r.enqueue_ns) / 1000));
       if (r.failed) k.addMetadataQuoted("status", "failed");
@@ -172,9 +175,11 @@ class NeuronProfilerSession final : public libkineto::IActivityProfilerSession {
 
   std::vector<libkineto::ResourceInfo> getResourceInfos() override {
     std::vector<libkineto::ResourceInfo> out;
-    for (const auto& [dev, q] : queues_)
-      out.push_back(libkineto::ResourceInfo{static_cast<int64_t>(q), static_cast<int64_t>(q), dev,
-                                            q == 0 ? "stream 0 (default)" : "stream " + std::to_string(q)});
+    for (const auto& [dev, q] : queues_) {
+      std::string name = q == 0 ? "stream 0 (default)" : "stream " + std::to_string(q);
+      if (q >= rt::kModeledTrackBase) name = rt::track_name(q);
+      out.push_back(libkineto::ResourceInfo{static_cast<int64_t>(q), static_cast<int64_t>(q), dev, name});
+    }
     return out;
   }
 

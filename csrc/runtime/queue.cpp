@@ -1,11 +1,11 @@
 #include "runtime/queue.h"
-#include "runtime/recycled.h"
-
-#include "runtime/telemetry.h"
 
 #include <algorithm>
+#include <map>
 
 #include "runtime/config.h"
+#include "runtime/recycled.h"
+#include "runtime/telemetry.h"
 
 namespace neuronx::rt {
 
@@ -65,6 +65,29 @@ void report_step(const char* name, int64_t start_ns, int64_t end_ns) {
   if (!obs || !t_running.kernel) return;
   obs(TaskRecord{name, t_running.device, t_running.queue, t_running.kernel->enqueue_ns, start_ns, end_ns, false, false,
                  t_running.kernel->correlation});
+}
+
+void report_track_step(const char* name, uint64_t track, int64_t start_ns, int64_t end_ns) {
+  TaskObserver obs = g_observer.load(std::memory_order_relaxed);
+  if (!obs || !t_running.kernel) return;
+  obs(TaskRecord{name, t_running.device, track, t_running.kernel->enqueue_ns, start_ns, end_ns, false, false,
+                 t_running.kernel->correlation});
+}
+
+namespace {
+std::mutex g_track_names_mu;
+std::map<uint64_t, std::string> g_track_names;  // guarded by g_track_names_mu
+}  // namespace
+
+void set_track_name(uint64_t track, const std::string& name) {
+  std::lock_guard<std::mutex> g(g_track_names_mu);
+  g_track_names[track] = name;
+}
+
+std::string track_name(uint64_t track) {
+  std::lock_guard<std::mutex> g(g_track_names_mu);
+  auto it = g_track_names.find(track);
+  return it == g_track_names.end() ? std::string() : it->second;
 }
 
 namespace {

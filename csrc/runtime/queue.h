@@ -65,6 +65,13 @@ bool observing();
 // Whether the calling thread is an engine's worker (it must not wait for a queue).
 bool on_engine_thread();
 void report_step(const char* name, int64_t start_ns, int64_t end_ns);
+// Steps of a model of the running kernel (an NKI program's instructions on the NeuronCore's
+// engines, as its cost model places them): reported on tracks of their own, ids from
+// kModeledTrackBase, named with set_track_name, linked to the kernel's host op.
+constexpr uint64_t kModeledTrackBase = uint64_t{1} << 30;  // above any queue id, within a trace's int32
+void report_track_step(const char* name, uint64_t track, int64_t start_ns, int64_t end_ns);
+void set_track_name(uint64_t track, const std::string& name);
+std::string track_name(uint64_t track);  // "" when unnamed
 
 // Host threads that block on the device (synchronize) may hold a lock the
 // layer above owns (Python's GIL) that a finishing kernel needs to release

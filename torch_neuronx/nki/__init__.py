@@ -16,6 +16,7 @@ import functools
 from . import compiler, isa, language, typing  # noqa: F401
 from ._tensor import NkiTensor as tensor  # noqa: F401
 from ._profile import ModeledProfile, profile  # noqa: F401
+from ._profile import _report as _modeled_report
 from ._trace import Kernel, benchmark_latencies
 
 
@@ -65,12 +66,18 @@ class _Latency:
 
 
 class _BenchmarkResult:
-    def __init__(self, samples):
+    """``nc_latency``: wall clock of the simulated launches (host CPUs, not the hardware);
+    ``modeled``: the kernel's modeled NeuronCore time (:class:`ModeledProfile`)."""
+
+    def __init__(self, samples, modeled):
         self.nc_latency = _Latency(samples)
+        self.modeled = modeled
 
 
 def benchmark(kernel=None, warmup=10, iters=100, **kwargs):
-    """Runs a kernel ``warmup`` + ``iters`` times; ``.benchmark_result.nc_latency`` holds the latencies (µs)."""
+    """Runs a kernel ``warmup`` + ``iters`` times; ``.benchmark_result.nc_latency`` holds the
+    simulated launches' wall-clock latencies (µs) and ``.benchmark_result.modeled`` the kernel's
+    modeled NeuronCore latency and engine utilization (see :func:`profile`)."""
     if kernel is None:
         return functools.partial(benchmark, warmup=warmup, iters=iters, **kwargs)
     base = kernel if isinstance(kernel, Kernel) else Kernel(kernel, numpy_results=True)
@@ -86,7 +93,8 @@ def benchmark(kernel=None, warmup=10, iters=100, **kwargs):
 
         def _run(self, k, *args, **kw):
             lat = benchmark_latencies(k, args, kw, warmup, iters)
-            self.benchmark_result = _BenchmarkResult(lat)
-            return k(*args, **kw)
+            out = k(*args, **kw)
+            self.benchmark_result = _BenchmarkResult(lat, _modeled_report(base.last_trace_stats.program))
+            return out
 
     return _Bench()
