@@ -155,3 +155,15 @@ def test_torch_profiler_shows_each_instruction_on_a_modeled_engine_track(tmp_pat
     dma = [e["name"] for e in by_track[tracks["dma queues (modeled)"]]]
     assert sorted(dma) == ["load", "load", "store"]
     assert all("modeled" in e["args"]["timing"] for e in modeled)
+
+
+def test_modeled_launches_collects_every_launch_in_a_block():
+    a = np.ones((128, 128), np.float16)
+    b = np.ones((128, 512), np.float16)
+    k = _matmul_kernel(512)
+    with nki.modeled_launches() as launches:
+        k(a, b)
+        k(a, b)
+    one = nki.profile(k)(a, b)
+    assert len(launches) == 2 and launches.latency_us == pytest.approx(2 * one.latency_us)
+    assert launches.tensor_utilization == pytest.approx(one.tensor_utilization)

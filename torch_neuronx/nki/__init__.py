@@ -15,7 +15,7 @@ import functools
 
 from . import compiler, isa, language, typing  # noqa: F401
 from ._tensor import NkiTensor as tensor  # noqa: F401
-from ._profile import ModeledProfile, profile  # noqa: F401
+from ._profile import ModeledProfile, modeled_launches, profile  # noqa: F401
 from ._profile import _report as _modeled_report
 from ._trace import Kernel, benchmark_latencies
 

@@ -6,6 +6,7 @@ this reports what the published per-instruction costs give on the target
 Engine's achieved FLOP/s, the bytes DMAs move. Everything it reports is modeled."""
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 ENGINES = ("tensor", "vector", "scalar", "gpsimd", "dma")
@@ -73,3 +74,38 @@ def profile(kernel):
             return rep
 
     return _Profiler()
+
+
+class _Launches(list):
+    """The :class:`ModeledProfile` of each NKI launch made in a ``modeled_launches()`` block."""
+
+    @property
+    def latency_us(self):
+        """Modeled time of the launches run one after another."""
+        return sum(p.latency_us for p in self)
+
+    @property
+    def tensor_utilization(self):
+        """Achieved matmul FLOP/s over the Tensor Engine's peak across the launches."""
+        if not self or not self.latency_us:
+            return 0.0
+        return sum(p.tensor_flops for p in self) / (self.latency_us * 1e-6) / self[0].tensor_peak_flops
+
+
+@contextlib.contextmanager
+def modeled_launches():
+    """Collects the modeled profile of every NKI kernel launched inside the block (a library op
+    may launch several): ``with modeled_launches() as ls: op(...)``; then ``ls.latency_us``."""
+    from . import _trace
+    out = _Launches()
+    cache = {}
+
+    def observe(program):
+        if id(program) not in cache:
+            cache[id(program)] = (program, _report(program))
+        out.append(cache[id(program)][1])
+    _trace._launch_observers.append(observe)
+    try:
+        yield out
+    finally:
+        _trace._launch_observers.remove(observe)

@@ -162,6 +162,10 @@ class _Cached:
         self.launch_id = None
 
 
+# Callbacks told the program of each launch (torch_neuronx.nki.modeled_launches).
+_launch_observers = []
+
+
 class Kernel:
     """A kernel function made launchable: ``kernel(*args)`` or ``kernel[grid](*args)``."""
 
@@ -215,6 +219,9 @@ class _Launcher:
             if key is not None:
                 k._cache[key] = cached
         k.last_trace_stats = cached
+        if _launch_observers:
+            for obs in _launch_observers:
+                obs(cached.program)
         if any(_is_fake(t) for t in tensors):
             # shape propagation (torch.compile, meta): the declared outputs, nothing run
             outs = [torch.empty(shape, dtype=dtype, device=tensors[0].device) for shape, dtype in cached.hbm]
