@@ -142,6 +142,11 @@ _atexit.register(_shutdown)
 if _os.environ.get("TORCH_NEURONX_EXECUTION_MODE"):
     set_execution_mode(_os.environ["TORCH_NEURONX_EXECUTION_MODE"])
 
+if _os.environ.get("TORCH_NEURONX_NKI_KERNELS"):
+    # opt-in: route SDPA / rms_norm / MoE experts on neuron to the NKI kernel library
+    from .nki.kernels import routing as _nki_routing
+    _nki_routing.enable_from_env()
+
 
 def __getattr__(name):
     # torch_neuronx.nki_op / wrap_nki / nki_jit (TorchNeuron's names), loaded with the kernel language on first use

@@ -107,13 +107,19 @@ std::pair<Engine, double> instruction_cycles(const Instruction& ins) {
       if (ins.name == "exponential") return {Engine::kVector, static_cast<double>(std::max<int64_t>(64, n))};
       return {Engine::kScalar, static_cast<double>(std::max<int64_t>(64, n))};
     case Kind::kCopy: {
-      bool hbm = false;
+      bool hbm = ins.name.rfind("dma_", 0) == 0;  // dma_copy/dma_transpose run on the queues, SBUF to SBUF too
       for (const Access& a : ins.ops) hbm = hbm || !a.on_chip();
       if (hbm) return {Engine::kDma, 0};  // timed by bytes (model_cost)
       return {Engine::kVector, static_cast<double>(std::max<int64_t>(64, n))};
     }
     case Kind::kTensorTensor:
+    case Kind::kScalarTensorTensor:  // two input tiles: 2N
       return {Engine::kVector, static_cast<double>(std::max<int64_t>(64, 2 * free_size(ins.ops.at(1))))};
+    case Kind::kConst:  // iota: a GpSimd instruction
+      return {Engine::kGpSimd, static_cast<double>(std::max<int64_t>(64, n))};
+    case Kind::kSelect:  // affine_select runs on GpSimd (nki.isa docs); select on Vector
+      return {ins.name == "affine_select" ? Engine::kGpSimd : Engine::kVector,
+              static_cast<double>(std::max<int64_t>(64, n))};
     case Kind::kReduce:
     case Kind::kPartitionReduce:
     case Kind::kBnStats:
@@ -174,8 +180,9 @@ CostReport model_cost(const Program& p, const Target& t) {
     if (engine == Engine::kDma) {
       const int64_t bytes = bytes_of(ins.ops[0]);
       r.dma_bytes += static_cast<double>(bytes);
+      // packets of the destination and source (an indirect copy's index tile is not moved)
       int64_t run = bytes;
-      for (const Access& a : ins.ops) run = std::min(run, contiguous_bytes(a));
+      for (size_t i = 0; i < std::min<size_t>(2, ins.ops.size()); ++i) run = std::min(run, contiguous_bytes(ins.ops[i]));
       const double packets = static_cast<double>(bytes) / static_cast<double>(std::max<int64_t>(run, 1));
       queue = static_cast<size_t>(std::min_element(queue_free.begin(), queue_free.end()) - queue_free.begin());
       start = std::max(start, queue_free[queue]);

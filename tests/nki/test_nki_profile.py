@@ -167,3 +167,10 @@ def test_modeled_launches_collects_every_launch_in_a_block():
     one = nki.profile(k)(a, b)
     assert len(launches) == 2 and launches.latency_us == pytest.approx(2 * one.latency_us)
     assert launches.tensor_utilization == pytest.approx(one.tensor_utilization)
+
+
+def test_profile_of_a_grid_launch_counts_every_instance():
+    a = np.ones((256, 512), np.float32)
+    rep = nki.profile(samples.tensor_add)[2, 1](a, a)
+    np.testing.assert_array_equal(rep.result, a + a)
+    assert sum(1 for n, *_ in rep.steps if n == "tensor_tensor") == 2

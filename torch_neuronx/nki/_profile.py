@@ -69,7 +69,7 @@ def profile(kernel):
 
         def _run(self, k, *a, **kw):
             out = k(*a, **kw)
-            rep = _report(k.last_trace_stats.program)
+            rep = _report(base.last_trace_stats.program)
             rep.result = out
             return rep
 

@@ -1,0 +1,87 @@
+"""The library's torch ops (torch.ops.nki_kernels.*) under autograd on neuron: forward and
+gradients against the ATen composition on CPU."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_neuronx  # noqa: F401
+from torch_neuronx.nki import kernels
+
+
+def _leaves(*ts):
+    cpu = [t.clone().requires_grad_() for t in ts]
+    dev = [t.to("neuron").requires_grad_() for t in ts]
+    return cpu, dev
+
+
+def _check(ref_fn, nki_fn, inputs, atol, rtol):
+    cpu, dev = _leaves(*inputs)
+    ref = ref_fn(*cpu)
+    out = nki_fn(*dev)
+    torch.testing.assert_close(out.cpu(), ref.detach(), atol=atol, rtol=rtol)
+    g = torch.randn_like(ref)
+    ref.backward(g)
+    out.backward(g.to("neuron"))
+    for a, b in zip(dev, cpu):
+        torch.testing.assert_close(a.grad.cpu(), b.grad, atol=atol * 10, rtol=rtol * 10)
+
+
+def test_swiglu_op_trains():
+    torch.manual_seed(0)
+    x, wg, wu, wd = torch.randn(300, 256), torch.randn(512, 256) / 16, torch.randn(512, 256) / 16, torch.randn(256, 512) / 22
+
+    def ref(x, wg, wu, wd):
+        return (F.silu(x @ wg.T) * (x @ wu.T)) @ wd.T
+    _check(ref, kernels.swiglu, (x, wg, wu, wd), 1e-4, 1e-4)
+
+
+def test_rms_norm_linear_op_trains():
+    torch.manual_seed(0)
+    x, nw, lw = torch.randn(2, 150, 512), torch.randn(512), torch.randn(384, 512) / 22
+
+    def ref(x, nw, lw):
+        return F.rms_norm(x, (512,), nw, 1e-6) @ lw.T
+    _check(ref, lambda x, nw, lw: kernels.rms_norm_linear(x, nw, lw, 1e-6), (x, nw, lw), 1e-4, 1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_layer_norm_op_trains(dtype):
+    torch.manual_seed(0)
+    x, w, b = torch.randn(517, 768, dtype=dtype), torch.randn(768, dtype=dtype), torch.randn(768, dtype=dtype)
+    tol = 2e-5 if dtype == torch.float32 else 2e-2
+
+    def ref(x, w, b):
+        return F.layer_norm(x.float(), (768,), w.float(), b.float(), 1e-5).to(dtype)
+    cpu, dev = _leaves(x, w, b)
+    y = kernels.layer_norm(*dev, eps=1e-5)
+    r = ref(*cpu)
+    torch.testing.assert_close(y.cpu().float(), r.detach().float(), atol=tol, rtol=tol)
+    g = torch.randn_like(r)
+    r.backward(g)
+    y.backward(g.to("neuron"))
+    for a, c in zip(dev, cpu):
+        scale = c.grad.float().abs().max()
+        torch.testing.assert_close(a.grad.cpu().float(), c.grad.float(), atol=tol * 10 * scale, rtol=tol * 10)
+
+
+def test_moe_experts_op_forward_and_gradients():
+    torch.manual_seed(0)
+    T, H, I, E, k = 300, 256, 256, 8, 2
+    x = torch.randn(T, H)
+    gu, dp = torch.randn(E, 2 * I, H) / 16, torch.randn(E, H, I) / 16
+    ids = torch.stack([torch.randperm(E)[:k] for _ in range(T)])
+    ids[ids == 7] = 6  # expert 7 receives no token
+    ids[:, 1] = torch.where(ids[:, 1] == ids[:, 0], (ids[:, 0] + 1) % 7, ids[:, 1])
+    w = torch.softmax(torch.randn(T, k), -1)
+    from torch_neuronx.nki.kernels.ops import _moe_reference
+    cpu = [t.clone().requires_grad_() for t in (x, gu, dp)]
+    dev = [t.to("neuron").requires_grad_() for t in (x, gu, dp)]
+    ref = _moe_reference(cpu[0], ids, w, cpu[1], cpu[2])
+    out = kernels.moe_experts(dev[0], ids.to("neuron"), w.to("neuron"), dev[1], dev[2])
+    torch.testing.assert_close(out.cpu(), ref.detach(), atol=1e-4, rtol=1e-4)
+    g = torch.randn_like(ref)
+    ref.backward(g)
+    out.backward(g.to("neuron"))
+    for a, c in zip(dev, cpu):
+        torch.testing.assert_close(a.grad.cpu(), c.grad, atol=1e-4, rtol=1e-4)
+    assert torch.equal(dev[1].grad[7].cpu(), torch.zeros(2 * I, H))
