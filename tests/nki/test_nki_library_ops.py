@@ -85,3 +85,53 @@ def test_moe_experts_op_forward_and_gradients():
     for a, c in zip(dev, cpu):
         torch.testing.assert_close(a.grad.cpu(), c.grad, atol=1e-4, rtol=1e-4)
     assert torch.equal(dev[1].grad[7].cpu(), torch.zeros(2 * I, H))
+
+
+def test_moe_stage_ops_compose_the_experts_and_run_in_a_compiled_graph():
+    from torch_neuronx.nki.kernels import ops
+    torch.manual_seed(0)
+    T, H, I, E, k = 333, 256, 256, 8, 2
+    x, logits = torch.randn(T, H), torch.randn(T, E)
+    gu, dp = torch.randn(E, 2 * I, H) / 16, torch.randn(E, H, I) / 16
+
+    def block(x, logits, gu, dp):
+        ids, w = ops.moe_route(logits, k)
+        xs, offs, order = ops.moe_permute(x, ids, E)
+        g = ops.moe_grouped_gemm(xs, offs, gu[:, :I].contiguous())
+        u = ops.moe_grouped_gemm(xs, offs, gu[:, I:].contiguous())
+        ys = ops.moe_grouped_gemm((F.silu(g) * u).contiguous(), offs, dp)
+        return ops.moe_combine(ys, order, w, T), ids, w
+    args = [t.to("neuron") for t in (x, logits, gu, dp)]
+    y, ids, w = block(*args)
+    from torch_neuronx.nki.kernels.ops import _moe_reference
+    ref_w, ref_ids = torch.topk(torch.softmax(logits, -1), k)
+    assert torch.equal(ids.cpu(), ref_ids)
+    torch.testing.assert_close(w.cpu(), ref_w / ref_w.sum(-1, keepdim=True))
+    torch.testing.assert_close(y.cpu(), _moe_reference(x, ref_ids, w.cpu(), gu, dp), atol=1e-4, rtol=1e-4)
+    cy, _, _ = torch.compile(block, backend="neuron", fullgraph=True)(*args)
+    torch.testing.assert_close(cy.cpu(), y.cpu())
+
+
+def test_mixtral_moe_block_routes_to_the_kernel_when_compiled():
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
+    cfg = transformers.MixtralConfig(hidden_size=256, intermediate_size=384, num_local_experts=8,
+                                     num_experts_per_tok=2)
+    cfg._experts_implementation = "grouped_mm"
+    torch.manual_seed(0)
+    blk = MixtralSparseMoeBlock(cfg)
+    with torch.no_grad():
+        for p in blk.parameters():
+            p.normal_(0, 0.05)
+    blk = blk.eval().to("neuron")
+    x = torch.randn(2, 150, 256).to("neuron")
+    with torch.no_grad():
+        ref = blk(x)
+        kernels.enable("moe")
+        try:
+            before = kernels.stats()["routed"]["moe"]
+            out = torch.compile(blk, backend="neuron")(x)
+            assert kernels.stats()["routed"]["moe"] > before
+        finally:
+            kernels.disable()
+    torch.testing.assert_close(out.cpu(), ref.cpu(), atol=1e-4, rtol=1e-4)

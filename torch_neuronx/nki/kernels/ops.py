@@ -196,3 +196,27 @@ def _moe_backward(ctx, grad_y):
 
 
 moe_experts.register_autograd(_moe_backward, setup_context=_moe_setup)
+
+
+# The MoE block's stages as ops of their own (forward only: routing and permutation are not
+# differentiable; the grouped GEMM's and combine's gradients are the composed op's).
+
+@nki_op("nki_kernels::moe_route", mutates_args=())
+def moe_route(router_logits: Tensor, top_k: int, gate: str = "softmax", normalize: bool = True,
+              capacity: Optional[int] = None) -> tuple[Tensor, Tensor]:
+    return moe.moe_route(router_logits, top_k, gate=gate, normalize=normalize, capacity=capacity)
+
+
+@nki_op("nki_kernels::moe_permute", mutates_args=())
+def moe_permute(x: Tensor, expert_ids: Tensor, num_experts: int) -> tuple[Tensor, Tensor, Tensor]:
+    return moe.moe_permute(x, expert_ids, num_experts)
+
+
+@nki_op("nki_kernels::moe_grouped_gemm", mutates_args=())
+def moe_grouped_gemm(x_sorted: Tensor, expert_offsets: Tensor, w: Tensor) -> Tensor:
+    return moe.moe_grouped_gemm(x_sorted, expert_offsets, w)
+
+
+@nki_op("nki_kernels::moe_combine", mutates_args=())
+def moe_combine(y_sorted: Tensor, order: Tensor, weights: Tensor, T: int) -> Tensor:
+    return moe.moe_combine(y_sorted, order, weights, T)
