@@ -135,3 +135,24 @@ def test_mixtral_moe_block_routes_to_the_kernel_when_compiled():
         finally:
             kernels.disable()
     torch.testing.assert_close(out.cpu(), ref.cpu(), atol=1e-4, rtol=1e-4)
+
+
+def test_flash_attention_lse_is_differentiable():
+    torch.manual_seed(0)
+    q, k, v = torch.randn(1, 4, 150, 64), torch.randn(1, 2, 150, 64), torch.randn(1, 2, 150, 64)
+
+    def ref(q, k, v):
+        s = (q @ k.repeat_interleave(2, 1).transpose(-1, -2)) / 8
+        s = s.masked_fill(torch.ones(150, 150, dtype=torch.bool).triu(1), float("-inf"))
+        return (torch.softmax(s, -1) @ v.repeat_interleave(2, 1)), torch.logsumexp(s, -1)
+    cpu = [t.clone().requires_grad_() for t in (q, k, v)]
+    dev = [t.to("neuron").requires_grad_() for t in (q, k, v)]
+    o, lse = ref(*cpu)
+    on, lsen = kernels.flash_attention(*dev, causal=True, return_lse=True)
+    torch.testing.assert_close(lsen.cpu(), lse.detach(), atol=1e-5, rtol=1e-5)
+    (o.sum() + 3 * lse.sum()).backward()
+    (on.sum() + 3 * lsen.sum()).backward()
+    for a, b in zip(dev, cpu):
+        torch.testing.assert_close(a.grad.cpu(), b.grad, atol=1e-4, rtol=1e-4)
+    (lse_only,) = [kernels.flash_attention(dev[0].detach().requires_grad_(), dev[1], dev[2], return_lse=True)[1]]
+    lse_only.sum().backward()  # no gradient for out: the kernel's backward gets zeros

@@ -131,3 +131,13 @@ def test_environment_variable_enables_the_routes():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().endswith("('attention', 'rmsnorm')")
+
+
+def test_routes_match_aten_at_the_edges(routed):
+    # rms_norm without eps: ATen's default is float32's epsilon, for bf16 inputs too
+    x = torch.full((2, 8), 1e-3, dtype=torch.bfloat16)
+    torch.testing.assert_close(F.rms_norm(x.to("neuron"), (8,)).cpu(), F.rms_norm(x, (8,)))
+    # empty batches and heads fall back to ATen instead of raising
+    for shape in ((0, 2, 4, 8), (1, 0, 4, 8)):
+        q = torch.randn(shape)
+        assert F.scaled_dot_product_attention(q.to("neuron"), q.to("neuron"), q.to("neuron")).shape == shape

@@ -14,16 +14,28 @@ import torch
 NAME = "neuron_nki"
 
 
-def _covered(module, hidden_states):
+def _plain_swiglu(module):
+    """The default gate (silu(gate) * up): models with their own ``_apply_gate`` (clamps, offsets) differ."""
+    from transformers.integrations.moe import _default_apply_gate
+    act = getattr(module, "act_fn", None)
+    return (getattr(type(module), "_apply_gate", None) is _default_apply_gate
+            and (isinstance(act, torch.nn.SiLU) or type(act).__name__ == "SiLUActivation"))
+
+
+def _covered(module, hidden_states, top_k_index):
     cfg = getattr(module, "config", None)
-    return (hidden_states.device.type == "neuron" and hidden_states.dim() == 2
+    return (hidden_states.device.type == "neuron" and hidden_states.dim() == 2 and hidden_states.shape[0] > 0
+            and top_k_index.dim() == 2 and 1 <= top_k_index.shape[1] <= 8
+            and top_k_index.device == hidden_states.device and not top_k_index.is_floating_point()
             and hidden_states.dtype in (torch.float32, torch.bfloat16)
             and getattr(module, "has_gate", False) and not getattr(module, "has_bias", True)
             and not getattr(module, "is_transposed", True) and getattr(module, "is_concatenated", False)
             and not getattr(module, "has_post_expert_norm", True) and not getattr(module, "_is_expert_parallel", True)
             and getattr(cfg, "hidden_act", None) in ("silu", "swish")
             and isinstance(getattr(module, "gate_up_proj", None), torch.Tensor)
-            and module.gate_up_proj.dtype == hidden_states.dtype and module.down_proj.dtype == hidden_states.dtype)
+            and module.gate_up_proj.dim() == 3 and module.gate_up_proj.shape[0] <= 511
+            and module.gate_up_proj.dtype == hidden_states.dtype and module.down_proj.dtype == hidden_states.dtype
+            and _plain_swiglu(module))
 
 
 def experts_forward(module, hidden_states, top_k_index, top_k_weights):
@@ -37,7 +49,7 @@ def _routed(fallback):
     from . import routing
 
     def forward(module, hidden_states, top_k_index, top_k_weights):
-        if _covered(module, hidden_states):
+        if _covered(module, hidden_states, top_k_index):
             routing._stats["moe"] += 1
             return experts_forward(module, hidden_states, top_k_index, top_k_weights)
         routing._fallbacks["moe"] += 1

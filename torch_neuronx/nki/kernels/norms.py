@@ -63,7 +63,7 @@ def _check_stat(s, name, N):
 
 def _eps(eps, x):
     if eps is None:
-        return float(torch.finfo(x.dtype).eps)  # F.rms_norm's default
+        return float(torch.finfo(torch.float32).eps)  # F.rms_norm's default: its compute type's (fp32 for bf16)
     eps = float(eps)
     if not eps >= 0.0:
         raise ValueError(f"eps must be a non-negative number, got {eps}")

@@ -33,11 +33,39 @@ def _attention_setup(ctx, inputs, output):
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)
     ctx.args = (causal, scale, window)
+    ctx.set_materialize_grads(False)  # an unused lse gets no gradient (None), not zeros
 
 
-def _attention_backward(ctx, grad_out, _grad_lse):
+def _lse_gradient(q, k, lse, grad_lse, causal, scale, window):
+    """dq, dk of lse's own gradient: d lse_i / d s_ij = P_ij, so dS = P * grad_lse (ATen ops; the
+    kernels cover the usual case, where only the output is differentiated)."""
+    import math
+    sc = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    groups = q.shape[1] // k.shape[1]
+    kq = k.repeat_interleave(groups, dim=1).float()
+    s = (q.float() @ kq.transpose(-1, -2)) * sc
+    i = torch.arange(q.shape[-2], device=q.device)[:, None]
+    j = torch.arange(k.shape[-2], device=q.device)[None, :]
+    hidden = torch.zeros(i.shape[0], j.shape[1], dtype=torch.bool, device=q.device)
+    if causal:
+        hidden = hidden | (j > i)
+    if window is not None:
+        hidden = hidden | (j <= i - window)
+    p = torch.exp(s.masked_fill(hidden, float("-inf")) - lse[..., None])
+    ds = p * grad_lse[..., None].float()
+    dq = (ds @ kq) * sc
+    dk = ((ds.transpose(-1, -2) @ q.float()) * sc).unflatten(1, (k.shape[1], groups)).sum(2)
+    return dq.to(q.dtype), dk.to(k.dtype)
+
+
+def _attention_backward(ctx, grad_out, grad_lse):
     q, k, v, out, lse = ctx.saved_tensors
+    if grad_out is None:
+        grad_out = torch.zeros_like(out)
     dq, dk, dv = flash_attention_backward(grad_out.contiguous(), q, k, v, out, lse, *ctx.args)
+    if grad_lse is not None:
+        eq, ek = _lse_gradient(q, k, lse, grad_lse, *ctx.args)
+        dq, dk = dq + eq, dk + ek
     return dq, dk, dv, None, None, None
 
 

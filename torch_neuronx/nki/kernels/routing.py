@@ -9,7 +9,9 @@ implementation for ``neuron`` tensors. The ops are registered at ``PrivateUse1``
 kernel does not cover (an explicit mask, dropout, other dtypes) run ATen's composite as before."""
 from __future__ import annotations
 
+import math
 import os
+import warnings
 
 import torch
 
@@ -25,7 +27,12 @@ def _on_neuron(*ts):
 
 def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False):
     from . import ops
+    if "attention" not in _enabled:
+        return torch.ops.aten.scaled_dot_product_attention.default.decompose(
+            query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
     ok = (attn_mask is None and dropout_p == 0.0 and query.dim() == 4 and key.dim() == 4 and value.dim() == 4
+          and min(query.shape) > 0 and min(key.shape) > 0 and min(value.shape) > 0
+          and (scale is None or math.isfinite(scale))
           and query.dtype in (torch.float32, torch.bfloat16) and query.dtype == key.dtype == value.dtype
           and query.shape[-1] <= 128 and key.shape[-1] == query.shape[-1] == value.shape[-1]
           and query.shape[0] == key.shape[0] == value.shape[0] and key.shape[1] == value.shape[1]
@@ -43,25 +50,36 @@ def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, 
 
 def _rms_norm(input, normalized_shape, weight=None, eps=None):
     from . import ops
+    if "rmsnorm" not in _enabled:
+        return torch.ops.aten.rms_norm.default.decompose(input, normalized_shape, weight, eps)
     ok = (len(normalized_shape) == 1 and input.dim() >= 1 and input.shape[-1] == normalized_shape[0]
           and input.dtype in (torch.float32, torch.bfloat16) and input.numel() > 0
+          and (eps is None or eps >= 0)
           and (weight is None or (weight.dtype == input.dtype and tuple(weight.shape) == tuple(normalized_shape)))
           and _on_neuron(input, weight))
     if not ok:
         _fallbacks["rmsnorm"] += 1
         return torch.ops.aten.rms_norm.default.decompose(input, normalized_shape, weight, eps)
     _stats["rmsnorm"] += 1
-    if eps is None:  # as ATen: the dtype's machine epsilon
-        eps = torch.finfo(input.dtype).eps
+    if eps is None:  # as ATen: the compute type's machine epsilon (float32 for bf16)
+        eps = torch.finfo(torch.float32).eps
     y, _rstd = ops.rms_norm(input, weight, float(eps))
     return y
 
 
+_libs = {}  # op -> torch.library.Library: registered once, kept for the process
+
+
 def _register(op_name, fn):
-    lib = torch.library.Library("aten", "IMPL")
-    for key in ("PrivateUse1", "AutogradPrivateUse1"):
-        lib.impl(op_name, fn, key, allow_override=True)
-    return lib
+    # Registered once and never destroyed: removing a Python kernel from the dispatcher leaves
+    # Dynamo/AOTAutograd caches that still resolve to it, so a disabled route falls through to
+    # ATen's composite inside the kernel instead.
+    if op_name not in _libs:
+        lib = torch.library.Library("aten", "IMPL")
+        for key in ("PrivateUse1", "AutogradPrivateUse1"):
+            lib.impl(op_name, fn, key, allow_override=True)
+        _libs[op_name] = lib
+    return op_name
 
 
 def _enable_moe():
@@ -88,9 +106,7 @@ def disable(*kinds):
     """Undoes :func:`enable` for the given kinds (none: all): ATen's composites run again."""
     for kind in kinds or tuple(_enabled):
         undo = _enabled.pop(kind, None)
-        if isinstance(undo, torch.library.Library):
-            undo._destroy()
-        elif undo is not None:
+        if callable(undo):
             undo()
 
 
@@ -109,4 +125,7 @@ def enable_from_env():
     if not spec:
         return
     kinds = KINDS if spec == "all" else tuple(s.strip() for s in spec.split(",") if s.strip())
-    enable(*kinds)
+    try:
+        enable(*kinds)
+    except (ValueError, RuntimeError) as e:  # a bad setting must not break `import torch_neuronx`
+        warnings.warn(f"TORCH_NEURONX_NKI_KERNELS={spec!r} ignored in part: {e}")
