@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import torch_neuronx  # noqa: F401
-from torch_neuronx.nki.kernels import moe
+from torch_neuronx.nki.kernels import moe, moe_block
 
 DEV = "neuron"
 DTYPES = (torch.float32, torch.bfloat16)
@@ -259,7 +259,7 @@ def test_moe_forward_matches_hf_mixtral_block(T, H, I, k, dtype):
         if untied.all():
             torch.testing.assert_close(ref, blk(x))
     gu = blk.experts.gate_up_proj.data
-    y = moe.moe_forward(x.to(DEV), blk.gate.weight.data.to(DEV), gu[:, :I].to(DEV), gu[:, I:].to(DEV),
+    y = moe_block.moe_forward(x.to(DEV), blk.gate.weight.data.to(DEV), gu[:, :I].to(DEV), gu[:, I:].to(DEV),
                         blk.experts.down_proj.data.to(DEV), k)
     assert y.shape == x.shape and y.dtype == dtype
     _close(y, ref, dtype)
@@ -275,7 +275,7 @@ def test_hf_experts_forward_skips_id_E(dtype):
     w = torch.rand(T, k)
     with torch.no_grad():
         ref = type(blk.experts).forward.__wrapped__(blk.experts, x, ids, w)
-    y = moe.moe_experts_forward(x.to(DEV), ids.to(DEV), w.to(DEV), blk.experts.gate_up_proj.data.to(DEV),
+    y = moe_block.moe_experts_forward(x.to(DEV), ids.to(DEV), w.to(DEV), blk.experts.gate_up_proj.data.to(DEV),
                                 blk.experts.down_proj.data.to(DEV))
     _close(y, ref, dtype)
 
@@ -306,10 +306,10 @@ def test_bad_inputs_raise_before_launching():
                                                                       torch.randn(4, 64, 31))),
         (ValueError, "weights", lambda: moe.moe_combine(torch.randn(20, 64), ids.int(), torch.rand(10, 3), 10)),
         (ValueError, "rows", lambda: moe.moe_combine(torch.randn(21, 64), ids.int(), torch.rand(10, 2), 10)),
-        (ValueError, "router_weight must be", lambda: moe.moe_forward(x, torch.randn(8, 32), w3, w3, w3, 2)),
-        (ValueError, "top_k", lambda: moe.moe_forward(x, torch.randn(4, 64), w3, w3, w3.transpose(1, 2), 0)),
-        (ValueError, "experts but", lambda: moe.moe_forward(x, torch.randn(8, 64), w3, w3, w3.transpose(1, 2), 2)),
-        (ValueError, "2\\*I", lambda: moe.moe_experts_forward(x, ids, torch.rand(10, 2), torch.randn(4, 33, 64), w3)),
+        (ValueError, "router_weight must be", lambda: moe_block.moe_forward(x, torch.randn(8, 32), w3, w3, w3, 2)),
+        (ValueError, "top_k", lambda: moe_block.moe_forward(x, torch.randn(4, 64), w3, w3, w3.transpose(1, 2), 0)),
+        (ValueError, "experts but", lambda: moe_block.moe_forward(x, torch.randn(8, 64), w3, w3, w3.transpose(1, 2), 2)),
+        (ValueError, "2\\*I", lambda: moe_block.moe_experts_forward(x, ids, torch.rand(10, 2), torch.randn(4, 33, 64), w3)),
     ]
     for exc, msg, fn in cases:
         with pytest.raises(exc, match=msg):

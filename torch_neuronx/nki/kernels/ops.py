@@ -8,7 +8,7 @@ from typing import Optional
 import torch
 
 from ..torch_ops import nki_op
-from . import attention, moe, mlp, norms
+from . import attention, mlp, moe, moe_block, norms
 
 Tensor = torch.Tensor
 
@@ -191,7 +191,7 @@ swiglu.register_autograd(_swiglu_backward, setup_context=_swiglu_setup)
 
 @nki_op("nki_kernels::moe_experts", mutates_args=())
 def moe_experts(x: Tensor, expert_ids: Tensor, weights: Tensor, gate_up_proj: Tensor, down_proj: Tensor) -> Tensor:
-    return moe.moe_experts_forward(x, expert_ids, weights, gate_up_proj, down_proj)
+    return moe_block.moe_experts_forward(x, expert_ids, weights, gate_up_proj, down_proj)
 
 
 def _moe_reference(x, expert_ids, weights, gate_up_proj, down_proj):
