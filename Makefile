@@ -38,6 +38,8 @@ $(DEPS_STAMP): pyproject.toml | $(PYTHON)
 	# Hugging Face stack, pinned as in pyproject's [hf] extra; torch pinned in the same resolve.
 	$(PYTHON) -m pip install -q "transformers==5.24.0" "accelerate==1.15.0" "peft==0.21.2" "trl==1.16.0" \
 	  "diffusers==0.42.1" "torch==2.13.0"
+	# TorchAO, pinned as in pyproject's [ao] extra (no dependencies of its own).
+	$(PYTHON) -m pip install -q "torchao==0.18.0" "torch==2.13.0"
 	touch $@
 
 build: $(DEPS_STAMP) $(SYS_STAMP)

@@ -9,7 +9,7 @@ import pytest
 from helpers import clean_env
 
 DOCS = pathlib.Path(__file__).resolve().parent.parent / "docs"
-GUIDES = ["mixed_precision.md", "profiling.md"]
+GUIDES = ["mixed_precision.md", "profiling.md", "torchao.md"]
 
 _RUNNER = """
 import pathlib, re, sys

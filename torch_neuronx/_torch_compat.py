@@ -18,6 +18,10 @@ listed in docs/device.md ("Adjustments to PyTorch"). Nothing else in the package
   plugin registry's keys) while the values are lower case, so such a group gets no default
   backend and ``destroy_process_group`` warns "No backend of type 0". ``neuron`` groups get the
   default backend torch gives a matching plugin (CUSTOM).
+- ``out_dtype(aten.mm, int32, int8, int8)`` (TorchAO's int8 matmuls): the higher-order op's dense
+  kernel uses ``torch._int_mm`` on CUDA and XPU only and otherwise multiplies in int32 (a GEMM
+  without BLAS); ``neuron`` gets ``_int_mm`` too, through a ``PrivateUse1`` kernel (the results
+  are the same integers).
 """
 import warnings
 
@@ -75,6 +79,28 @@ def _higher_order_autocast():
     _applied.append("higher_order_autocast")
 
 
+def is_int8_mm(op, output_dtype, args):
+    """Whether ``out_dtype(op, output_dtype, *args)`` is an int8 x int8 -> int32 matmul (``_int_mm``)."""
+    return (op is torch.ops.aten.mm.default and output_dtype == torch.int32 and len(args) == 2
+            and all(isinstance(a, torch.Tensor) and a.dtype == torch.int8 for a in args))
+
+
+def _out_dtype_int_mm():
+    from torch._C import DispatchKey
+    from torch._higher_order_ops.out_dtype import out_dtype, out_dtype_fallback
+
+    key = DispatchKey.PrivateUse1
+    if key not in out_dtype.py_kernels:
+
+        @out_dtype.py_impl(key)
+        def _out_dtype_neuron(op, output_dtype, *args):
+            if is_int8_mm(op, output_dtype, args):
+                return torch._int_mm(*args)
+            return out_dtype_fallback(op, output_dtype, *args)
+
+    _applied.append("out_dtype_int_mm")
+
+
 def _linear_cross_entropy_accumulation():
     from torch.nn.modules import linear_cross_entropy_options as lce
 
@@ -128,13 +154,13 @@ def apply():
     if not torch.__version__.startswith(_CHECKED):
         warnings.warn(
             f"torch_neuronx: torch {torch.__version__} is not a version its PyTorch adjustments were checked "
-            f"against ({', '.join(v + 'x' for v in _CHECKED)}); FlexAttention, linear_cross_entropy and "
-            "multi-backend process groups keep PyTorch's own device rules on neuron. Install torch==2.13.0.",
+            f"against ({', '.join(v + 'x' for v in _CHECKED)}); FlexAttention, linear_cross_entropy, "
+            "out_dtype and multi-backend process groups keep PyTorch's own device rules on neuron. Install torch==2.13.0.",
             stacklevel=2,
         )
         return
     for adjust in (_flex_attention_device, _higher_order_autocast, _linear_cross_entropy_accumulation,
-                   _multi_backend_default):
+                   _multi_backend_default, _out_dtype_int_mm):
         try:
             adjust()
         except (AttributeError, ImportError, KeyError) as e:  # torch moved something: say which

@@ -158,6 +158,8 @@ class Exporter:
             return
         if t is torch.ops.higher_order.with_effects:
             return self.effectful_call(n)
+        if t is torch.ops.higher_order.out_dtype:
+            return self.out_dtype_call(n)
         if not isinstance(t, torch._ops.OpOverload):
             raise Unsupported(f"call of {getattr(t, '__name__', t)}")
         schema = t._schema
@@ -187,6 +189,45 @@ class Exporter:
         name = schema.name + (f".{schema.overload_name}" if schema.overload_name else "")
         self.nodes.append(("aten", name, [self.arg(a) for a in rest], {k: self.arg(v) for k, v in n.kwargs.items()},
                            outs))
+
+
+    def out_dtype_call(self, n):
+        # out_dtype(op, dtype, *args) (TorchAO's int8 matmuls), as eager runs it on neuron
+        # (torch_neuronx._torch_compat): int8 x int8 -> int32 matmuls are _int_mm; anything else
+        # is the operands cast to the promoted dtype, the op, and a cast to `dtype`.
+        from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
+
+        from .._torch_compat import is_int8_mm
+
+        op, out_dtype, *args = n.args
+        if not isinstance(op, torch._ops.OpOverload) or any(isinstance(a, (list, tuple)) for a in args):
+            raise Unsupported(f"out_dtype of {op}")
+        vals = [a.meta["val"] if isinstance(a, torch.fx.Node) else a for a in args]
+        out = self.value(n.name, n.meta.get("val"))
+        if is_int8_mm(op, out_dtype, vals):
+            self.ids[n] = out
+            self.nodes.append(("aten", "aten::_int_mm", [self.arg(a) for a in args], {}, [out]))
+            return
+        tensors = [v for v in vals if isinstance(v, torch.Tensor)]
+        promote = elementwise_dtypes(*tensors, torch.ones(1, dtype=out_dtype),
+                                     type_promotion_kind=ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT)[0]
+        refs = []
+        for k, (a, v) in enumerate(zip(args, vals)):
+            if isinstance(v, torch.Tensor) and v.dtype != promote:
+                vals[k] = v.to(promote)
+                i = self.value(f"{n.name}_arg{k}", vals[k])
+                self.nodes.append(("aten", "aten::_to_copy", [self.arg(a)], {"dtype": promote}, [i]))
+                refs.append(Ref(i))
+            else:
+                refs.append(self.arg(a))
+        schema = op._schema
+        name = schema.name + (f".{schema.overload_name}" if schema.overload_name else "")
+        result = op(*vals)
+        r = out if result.dtype == out_dtype else self.value(f"{n.name}_op", result)
+        self.nodes.append(("aten", name, refs, {}, [r]))
+        if r != out:
+            self.nodes.append(("aten", "aten::_to_copy", [Ref(r)], {"dtype": out_dtype}, [out]))
+        self.ids[n] = out
 
 
 def export(gm):
