@@ -164,6 +164,11 @@ def test_dtensor_1d_and_2d_meshes(tmp_path):
     assert all(r["checked"] >= 20 for r in results)
 
 
+def test_dtensor_random_ops_shard_the_unsharded_values(tmp_path):
+    results, _ = launch("dtensor_random", tmp_path, nprocs=2)
+    assert all(r["checked"] == 25 for r in results)
+
+
 def test_distributed_checkpoint_reloads_with_another_world_size(tmp_path):
     saved, _ = launch("dcp_save", tmp_path, nprocs=2)
     loaded, _ = launch("dcp_load", tmp_path, nprocs=1)

@@ -120,15 +120,19 @@ def test_get_set_rng_state_replays():
     assert torch.equal(a, a2) and torch.equal(b, b2)
 
 
-def test_rng_state_equals_cpu_state_after_same_draws():
-    # The state read after queued (asynchronous) random kernels reflects all of them.
+def test_rng_state_reflects_queued_draws():
+    # The state read after queued (asynchronous) random kernels reflects all of them: restored in a
+    # fresh stream (another generator), it continues where CPU's generator continues.
     torch.manual_seed(SEED)
     for n in (5, 1000, 33):
         torch.randn(n, device="neuron")
+    state = torch.neuron.get_rng_state()
     g = torch.Generator().manual_seed(SEED)
     for n in (5, 1000, 33):
         torch.randn(n, generator=g)
-    assert torch.equal(torch.neuron.get_rng_state(), g.get_state())
+    other = torch.Generator(device="neuron")
+    other.set_state(state)
+    assert torch.equal(torch.rand(100, device="neuron", generator=other).cpu(), torch.rand(100, generator=g))
 
 
 def test_set_rng_state_from_cpu_state():
@@ -270,3 +274,65 @@ def test_seeding_with_random_kernels_queued_keeps_program_order():
     torch.manual_seed(6)  # a is still queued
     b = torch.rand(1000, device="neuron")
     assert torch.equal(a.cpu(), cpu_a) and torch.equal(b.cpu(), cpu_b)
+
+
+def _seed_offset(state):
+    assert state.dtype == torch.uint8 and state.numel() == 16
+    seed, offset = state.view(torch.int64).tolist()
+    return seed, offset
+
+
+def test_state_is_seed_and_offset_in_32_bit_draws():
+    # CUDA's layout (seed, offset), so that code moving a device generator's offset works (DTensor's
+    # random-number tracker); the offset is the mt19937 stream position.
+    torch.manual_seed(SEED)
+    assert _seed_offset(torch.neuron.get_rng_state()) == (SEED, 0)
+    torch.rand(1000, device="neuron")                       # one draw per float32 element
+    assert _seed_offset(torch.neuron.get_rng_state()) == (SEED, 1000)
+    torch.rand(10, device="neuron", dtype=torch.float64)    # two per float64 element
+    assert _seed_offset(torch.neuron.get_rng_state()) == (SEED, 1020)
+    torch.rand(700_001, device="neuron")                    # many mt19937 blocks, counted exactly
+    assert _seed_offset(torch.neuron.get_rng_state()) == (SEED, 701_021)
+    g = torch.Generator(device="neuron").manual_seed(3)
+    torch.rand(77, device="neuron", generator=g)
+    assert g.get_offset() == 77 and g.initial_seed() == 3
+
+
+def test_offset_positions_the_stream():
+    full = torch.rand(5000, generator=torch.Generator().manual_seed(SEED))
+    for offset in (0, 1, 623, 624, 625, 4000, 1248):  # around block edges, forwards and back
+        torch.neuron.set_rng_state(torch.tensor([SEED, offset]).view(torch.uint8))
+        assert torch.equal(torch.rand(1000, device="neuron").cpu()[: 5000 - offset], full[offset:offset + 1000]), offset
+    g = torch.Generator(device="neuron").manual_seed(SEED)
+    g.set_offset(2500)
+    assert torch.equal(torch.rand(100, device="neuron", generator=g).cpu(), full[2500:2600])
+    assert g.get_offset() == 2600
+    # A new seed in the state restarts the stream there.
+    torch.neuron.set_rng_state(torch.tensor([SEED + 1, 10]).view(torch.uint8))
+    assert torch.equal(torch.rand(5, device="neuron").cpu(), torch.rand(15, generator=torch.Generator().manual_seed(SEED + 1))[10:])
+
+
+def test_state_round_trip_keeps_a_cached_normal_sample():
+    # Small normal ops draw in pairs and cache the second value (as on CPU): a state read and set back
+    # restores it, so fork_rng and checkpoint recomputation replay exactly what CPU would.
+    torch.manual_seed(SEED)
+    g = torch.Generator().manual_seed(SEED)
+    torch.randn(3, device="neuron")
+    torch.randn(3, generator=g)
+    s = torch.neuron.get_rng_state()
+    a = torch.randn(5, device="neuron").cpu()
+    torch.neuron.set_rng_state(s)
+    b = torch.randn(5, device="neuron").cpu()
+    assert torch.equal(a, b) and torch.equal(a, torch.randn(5, generator=g))
+
+
+def test_a_cpu_generator_state_is_accepted():
+    g = torch.Generator().manual_seed(99)
+    torch.randn(11, generator=g)
+    torch.neuron.set_rng_state(g.get_state())
+    _, offset = _seed_offset(torch.neuron.get_rng_state())
+    assert offset == 0  # the stream continues from that state, counted from there
+    torch.rand(64, device="neuron")
+    assert _seed_offset(torch.neuron.get_rng_state())[1] == 64
+    with pytest.raises(RuntimeError, match="uint8"):
+        torch.neuron.set_rng_state(torch.zeros(2, dtype=torch.int64))

@@ -2,8 +2,18 @@
 // Per-device random generators. Kernels on the simulated device are ATen's
 // CPU kernels, so a neuron generator wraps a CPU (mt19937) generator: with the
 // same seed, random ops on neuron produce the same values as on CPU.
+//
+// Its state is CUDA's layout, (seed, offset) as 16 bytes, so that code which moves a device
+// generator's offset (DTensor's random-number tracker) works: the offset is the mt19937 stream
+// position, in 32-bit draws since seeding. Setting an offset positions the stream there (a
+// fresh stream at that point: no cached normal sample); reading one counts the draws since the
+// last known position. A state read and set back restores the generator exactly, cached
+// normal samples included (the full CPU states handed out recently are kept).
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/Generator.h>
+#include <ATen/core/MT19937RNGEngine.h>
+
+#include <deque>
 
 namespace neuronx {
 
@@ -33,8 +43,19 @@ class NeuronGeneratorImpl final : public c10::GeneratorImpl {
   // which Python's generator methods take with the GIL held, while dropping the GIL: two threads
   // seeding at once deadlocked.)
   void install(at::Generator g);
+  // Restarts the stream accounting at `origin` (offset 0) with this seed.
+  void restart(uint64_t seed, const at::mt19937& origin);
+  // The current stream position; moves the anchor there (caller holds mutex_, queues drained).
+  uint64_t current_offset() const;
+  void position_at(uint64_t offset);
   mutable std::mutex swap_mu_;  // guards cpu_ (the handle, not the generator's state)
   at::Generator cpu_;
+  // Stream accounting, under mutex_ (Python's generator methods hold it).
+  uint64_t seed_;
+  at::mt19937 origin_;                 // the engine at offset 0
+  mutable at::mt19937 anchor_;         // the engine at anchor_offset_ (a known position)
+  mutable uint64_t anchor_offset_ = 0;
+  mutable std::deque<std::pair<uint64_t, at::Tensor>> exact_;  // full CPU states by offset, newest last
 };
 
 const at::Generator& default_generator(c10::DeviceIndex d);

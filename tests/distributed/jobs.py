@@ -692,6 +692,60 @@ def dtensor(out):
 
 
 @job
+def dtensor_random(out):
+    """DTensor's random ops on a neuron mesh (OffsetBasedRNGTracker over the generator's
+    (seed, offset) state): with the same seed on every rank, a tensor sharded on dim 0 gets, shard
+    by shard, the values the unsharded tensor gets on one device; replicas are equal; every rank's
+    generator ends at the same offset; a TP-parallelized module initialises its shards apart."""
+    import torch.distributed.tensor as dt
+    import torch.distributed.tensor._random as dt_random
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+    n = world()
+    mesh = init_device_mesh("neuron", (n,))
+    checked = 0
+    for dtype in (torch.float32, torch.bfloat16):
+        for init, name in ((lambda t: t.uniform_(-1, 1), "uniform_"), (lambda t: t.normal_(0, 0.02), "normal_"),
+                           (lambda t: torch.nn.init.kaiming_uniform_(t, a=5 ** 0.5), "kaiming_uniform_")):
+            shape = (64 * n, 48)
+            torch.manual_seed(1234)
+            sharded = init(dt.empty(shape, device_mesh=mesh, placements=[Shard(0)], dtype=dtype))
+            replicated = init(dt.empty(shape, device_mesh=mesh, placements=[Replicate()], dtype=dtype))
+            offset = torch.neuron.default_generators[torch.neuron.current_device()].get_offset()
+            # One device, same seed and the same two ops in order.
+            g = torch.Generator(device=dev()).manual_seed(1234)
+            ref = [torch.empty(shape, device=dev(), dtype=dtype) for _ in range(2)]
+            for t in ref:
+                with torch.random.fork_rng(devices=[dev()], device_type="neuron"):
+                    torch.neuron.set_rng_state(g.get_state())
+                    init(t)
+                    g.set_state(torch.neuron.get_rng_state())
+            rows = slice(rank() * 64, (rank() + 1) * 64)
+            close(sharded.to_local(), ref[0][rows], f"{name} {dtype} Shard(0) local", rtol=0, atol=0)
+            close(sharded.full_tensor(), ref[0], f"{name} {dtype} Shard(0) full", rtol=0, atol=0)
+            close(replicated.to_local(), ref[1], f"{name} {dtype} Replicate", rtol=0, atol=0)
+            offsets = [None] * n
+            dist.all_gather_object(offsets, offset)
+            assert len(set(offsets)) == 1, f"{name}: generator offsets differ across ranks: {offsets}"
+            checked += 4
+    assert isinstance(dt_random._rng_tracker, dt_random.OffsetBasedRNGTracker)
+    # Tensor parallel meta init: each rank's shard of the weight differs from the others'.
+    torch.manual_seed(0)
+    with torch.device("meta"):
+        model = torch.nn.Linear(32, 16 * n, bias=False)
+    parallelize_module(model, mesh, ColwiseParallel())
+    model.to_empty(device=dev())
+    model.reset_parameters()
+    local = model.weight.to_local()
+    gathered = [torch.empty_like(local) for _ in range(n)]
+    dist.all_gather(gathered, local)
+    assert all(not torch.equal(gathered[i], gathered[j]) for i in range(n) for j in range(i + 1, n))
+    checked += 1
+    return {"checked": checked}
+
+
+@job
 def dcp_save(out):
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict

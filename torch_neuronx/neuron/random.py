@@ -4,6 +4,10 @@ Neuron generators are mt19937 generators like CPU's, and kernels are ATen's CPU
 kernels: with the same seed, ``torch.randn(..., device="neuron")`` and the other
 random ops give the same values as on CPU. Reading or changing a generator's
 state first waits for the random kernels already queued on its device.
+
+A state is CUDA's layout, 16 bytes holding (seed, offset) as int64: the offset is
+the mt19937 stream position in 32-bit draws, and setting it places the stream
+there (DTensor's random-number tracker relies on this). See docs/device.md.
 """
 from typing import Iterable, List
 
@@ -32,7 +36,7 @@ def __getattr__(name):
 
 
 def get_rng_state(device="neuron") -> torch.Tensor:
-    """The RNG state of a device's default generator as a ByteTensor."""
+    """The RNG state of a device's default generator: a 16-byte ByteTensor, (seed, offset) as int64."""
     return _gen(device).get_state()
 
 
