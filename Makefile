@@ -38,8 +38,9 @@ $(DEPS_STAMP): pyproject.toml | $(PYTHON)
 	# Hugging Face stack, pinned as in pyproject's [hf] extra; torch pinned in the same resolve.
 	$(PYTHON) -m pip install -q "transformers==5.24.0" "accelerate==1.15.0" "peft==0.21.2" "trl==1.16.0" \
 	  "diffusers==0.42.1" "torch==2.13.0"
-	# TorchAO, pinned as in pyproject's [ao] extra (no dependencies of its own).
-	$(PYTHON) -m pip install -q "torchao==0.18.0" "torch==2.13.0"
+	# TorchAO and TorchTitan, pinned as in pyproject's [ao] and [titan] extras. TorchTitan imports
+	# triton at start-up (its MoE kernels); triton's wheel imports without a GPU.
+	$(PYTHON) -m pip install -q "torchao==0.18.0" "torchtitan==0.2.2" "triton==3.9.0" "torch==2.13.0"
 	touch $@
 
 build: $(DEPS_STAMP) $(SYS_STAMP)

@@ -921,4 +921,4 @@ def test_random_ops_compile_and_draw_from_the_neuron_generator():
     # The harness's RNG freezing (get/set_rng_state under no_dispatch) runs eagerly inside compiled code.
     with torch.random.fork_rng(device_type="neuron"):
         torch.testing.assert_close(torch.compile(lambda t: t.sin() + torch.neuron.get_rng_state().numel(),
-                                                 backend="neuron")(x).cpu(), x.cpu().sin() + 5056)
+                                                 backend="neuron")(x).cpu(), x.cpu().sin() + 16)

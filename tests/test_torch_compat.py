@@ -89,3 +89,23 @@ def test_training_utilities_have_nothing_device_specific_to_warn_about(tmp_path)
     assert all(v.device.type == "neuron" for v in state.values())
     assert torch.isfinite(loss).item()
     assert [str(x.message) for x in w] == []
+
+
+def test_default_backend_compiles_neuron_graphs_with_the_neuron_backend():
+    # torch.compile's default backend is Inductor, which has no code generator for neuron: such a
+    # graph goes to the neuron backend (TorchTitan compiles its FlexAttention block masks this way).
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    from torch_neuronx.compile import compile_metrics, reset_compile_metrics
+
+    torch._dynamo.reset()
+    reset_compile_metrics()
+    x = torch.randn(64)
+    f = torch.compile(lambda t: torch.sin(t) * 2 + 1)
+    torch.testing.assert_close(f(x.to("neuron")).cpu(), torch.sin(x) * 2 + 1)
+    mask = torch.compile(create_block_mask)(lambda b, h, q, kv: q >= kv, 1, 1, 256, 256, device="neuron")
+    assert mask.kv_num_blocks.device.type == "neuron" and mask.sparsity() == 25.0
+    m = compile_metrics()
+    assert m["compiles"] >= 2 and m["eager_graphs"] == 0, m["eager_reasons"]
+    assert "inductor_on_neuron" in compat.applied()
+    torch._dynamo.reset()

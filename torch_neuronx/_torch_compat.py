@@ -22,6 +22,10 @@ listed in docs/device.md ("Adjustments to PyTorch"). Nothing else in the package
   kernel uses ``torch._int_mm`` on CUDA and XPU only and otherwise multiplies in int32 (a GEMM
   without BLAS); ``neuron`` gets ``_int_mm`` too, through a ``PrivateUse1`` kernel (the results
   are the same integers).
+- ``torch.compile`` with its default backend, Inductor: Inductor has code generators for CPU,
+  CUDA, XPU and MPS only and fails on a graph on ``neuron`` (``KeyError: 'neuron'``, "No interface
+  for device neuron"); such a graph is compiled by the ``neuron`` backend instead, as
+  ``backend="neuron"`` would (graphs on other devices still go to Inductor).
 """
 import warnings
 
@@ -101,6 +105,39 @@ def _out_dtype_int_mm():
     _applied.append("out_dtype_int_mm")
 
 
+def _graph_on_neuron(gm, example_inputs):
+    if any(isinstance(t, torch.Tensor) and t.device.type == "neuron" for t in example_inputs):
+        return True
+    graph = getattr(gm, "graph", None)
+    for node in graph.nodes if graph is not None else ():
+        v = node.meta.get("example_value", node.meta.get("val"))
+        if isinstance(v, torch.Tensor) and v.device.type == "neuron":
+            return True
+    return False
+
+
+def _inductor_on_neuron():
+    import logging
+
+    cls = torch._TorchCompileInductorWrapper
+    original = cls.__call__
+    if getattr(original, "_neuron", False):
+        return
+
+    def __call__(self, model_, inputs_, *args, **kwargs):
+        if _graph_on_neuron(model_, inputs_):
+            from .compile import neuron_backend
+
+            logging.getLogger("torch_neuronx").info(
+                "torch.compile: Inductor has no code generator for neuron; this graph is compiled by the neuron backend")
+            return neuron_backend(model_, inputs_)
+        return original(self, model_, inputs_, *args, **kwargs)
+
+    __call__._neuron = True
+    cls.__call__ = __call__
+    _applied.append("inductor_on_neuron")
+
+
 def _linear_cross_entropy_accumulation():
     from torch.nn.modules import linear_cross_entropy_options as lce
 
@@ -155,12 +192,12 @@ def apply():
         warnings.warn(
             f"torch_neuronx: torch {torch.__version__} is not a version its PyTorch adjustments were checked "
             f"against ({', '.join(v + 'x' for v in _CHECKED)}); FlexAttention, linear_cross_entropy, "
-            "out_dtype and multi-backend process groups keep PyTorch's own device rules on neuron. Install torch==2.13.0.",
+            "out_dtype, Inductor on neuron graphs and multi-backend process groups keep PyTorch's own device rules on neuron. Install torch==2.13.0.",
             stacklevel=2,
         )
         return
     for adjust in (_flex_attention_device, _higher_order_autocast, _linear_cross_entropy_accumulation,
-                   _multi_backend_default, _out_dtype_int_mm):
+                   _multi_backend_default, _out_dtype_int_mm, _inductor_on_neuron):
         try:
             adjust()
         except (AttributeError, ImportError, KeyError) as e:  # torch moved something: say which
