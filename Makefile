@@ -14,7 +14,7 @@ export CCACHE_BASEDIR ?= $(CURDIR)
 export CCACHE_NOHASHDIR ?= 1
 PYTEST_ARGS ?= -q
 
-.PHONY: all build demo test test-large test-runtime test-python test-conformance test-conformance-adaptive conformance hf-sweep fuzz soak sanitize bench bench-quick clean
+.PHONY: all build demo test test-large ecosystem test-runtime test-python test-conformance test-conformance-adaptive conformance hf-sweep fuzz soak sanitize bench bench-quick clean
 
 all: build
 
@@ -78,6 +78,13 @@ test: test-runtime test-python test-conformance test-conformance-adaptive
 test-large: build
 	@$(PYTHON) -m pytest tests/large $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
+
+# The stacks' longer runs (make test runs them at 4 steps): TorchTitan's comparisons with CPU/Gloo
+# over 20 steps, TorchAO's tests, and the TorchAO side-by-side table (docs/torchao.md). ~10 min.
+ecosystem: build
+	@TORCHTITAN_STEPS=20 $(PYTHON) -m pytest tests/test_torchtitan.py tests/test_torchao.py $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; [ $$rc -eq 0 ] || exit $$rc
+	$(PYTHON) bench/quantization.py
 
 # The full sweep (~12 min on 2 cores): regenerates docs/op_support.md.
 conformance: build

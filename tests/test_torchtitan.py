@@ -20,6 +20,9 @@ RUN = os.path.join(HERE, "ecosystem", "torchtitan_run.py")
 sys.path.insert(0, os.path.join(HERE, "ecosystem"))
 from torchtitan_assets import make_assets  # noqa: E402
 
+# `make ecosystem` runs the same comparisons for longer (TORCHTITAN_STEPS=20).
+STEPS = int(os.environ.get("TORCHTITAN_STEPS", "4"))
+assert STEPS >= 4 and STEPS % 2 == 0, "TORCHTITAN_STEPS: an even number, at least 4"
 STEP = re.compile(r"step:\s*(\d+)\s+(?:\x1b\[[0-9;]*m)?loss:\s*([0-9.]+)")
 
 
@@ -40,7 +43,7 @@ def _port():
         return s.getsockname()[1]
 
 
-def titan(device, assets, dump, *args, nproc=1, model="llama3", steps=4):
+def titan(device, assets, dump, *args, nproc=1, model="llama3", steps=STEPS):
     """Runs TorchTitan's trainer; returns the loss of every step (equal on every rank)."""
     tokenizer, data = assets
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port",
@@ -62,7 +65,7 @@ def titan(device, assets, dump, *args, nproc=1, model="llama3", steps=4):
 def test_llama_one_rank_equals_cpu(assets, tmp_path):
     neuron = titan("neuron", assets, tmp_path / "n")
     cpu = titan("cpu", assets, tmp_path / "c")
-    assert len(neuron) == 4 and neuron == cpu  # as logged (5 decimals); selective checkpointing is on
+    assert len(neuron) == STEPS and neuron == cpu  # as logged (5 decimals); selective checkpointing is on
 
 
 def test_llama_two_ranks_ddp_full_checkpointing_equals_gloo(assets, tmp_path):
@@ -78,13 +81,13 @@ def test_llama_fsdp2_and_checkpoint_resume(assets, tmp_path):
     ddp_cpu = titan("cpu", assets, tmp_path / "c", "--parallelism.data_parallel_replicate_degree", "2", *common,
                     nproc=2)
     ckpt = ("--parallelism.data_parallel_shard_degree", "2", *common, "--checkpoint.enable",
-            "--checkpoint.interval", "2", "--checkpoint.no-last-save-model-only")
+            "--checkpoint.interval", str(STEPS // 2), "--checkpoint.no-last-save-model-only")
     fsdp = titan("neuron", assets, tmp_path / "n", *ckpt, nproc=2)
     assert fsdp == pytest.approx(ddp_cpu, rel=2e-5)
-    assert sorted(os.listdir(tmp_path / "n" / "checkpoint")) == ["step-2", "step-4"]
-    # Resume from the DCP checkpoint of step 2: steps 3 and 4 again, with the same losses.
-    shutil.rmtree(tmp_path / "n" / "checkpoint" / "step-4")
-    assert titan("neuron", assets, tmp_path / "n", *ckpt, nproc=2) == fsdp[2:]
+    assert sorted(os.listdir(tmp_path / "n" / "checkpoint")) == sorted([f"step-{STEPS // 2}", f"step-{STEPS}"])
+    # Resume from the DCP checkpoint halfway: the second half again, with the same losses.
+    shutil.rmtree(tmp_path / "n" / "checkpoint" / f"step-{STEPS}")
+    assert titan("neuron", assets, tmp_path / "n", *ckpt, nproc=2) == fsdp[STEPS // 2:]
 
 
 def test_llama_tensor_parallel_equals_gloo(assets, tmp_path):
@@ -103,18 +106,18 @@ def test_llama_float8_equals_cpu(assets, tmp_path):
     # capability); the float8 casts and scales are the same either way.
     args = ("--model.converters", "quantize.linear.float8", "--quantize.linear.float8.recipe_name", "tensorwise",
             "--quantize.linear.float8.emulate")
-    neuron = titan("neuron", assets, tmp_path / "n", *args, steps=3)
-    assert neuron == titan("cpu", assets, tmp_path / "c", *args, steps=3)
+    neuron = titan("neuron", assets, tmp_path / "n", *args, steps=STEPS - 1)
+    assert neuron == titan("cpu", assets, tmp_path / "c", *args, steps=STEPS - 1)
 
 
 def test_deepseek_v3_one_rank_equals_cpu(assets, tmp_path):
-    neuron = titan("neuron", assets, tmp_path / "n", model="deepseek_v3", steps=3)
-    assert neuron == titan("cpu", assets, tmp_path / "c", model="deepseek_v3", steps=3)
+    neuron = titan("neuron", assets, tmp_path / "n", model="deepseek_v3", steps=STEPS - 1)
+    assert neuron == titan("cpu", assets, tmp_path / "c", model="deepseek_v3", steps=STEPS - 1)
 
 
 def test_gpt_oss_one_rank_trains(assets, tmp_path):
     # GPT-OSS uses FlexAttention with a block mask that TorchTitan builds with torch.compile (default
     # backend): on neuron the graph goes to the neuron backend. No CPU reference: PyTorch has no
     # FlexAttention backward on CPU.
-    losses = titan("neuron", assets, tmp_path / "n", model="gpt_oss", steps=3)
-    assert len(losses) == 3 and all(10 < v < 14 for v in losses) and losses[-1] < losses[0]
+    losses = titan("neuron", assets, tmp_path / "n", model="gpt_oss", steps=STEPS - 1)
+    assert len(losses) == STEPS - 1 and all(10 < v < 14 for v in losses) and losses[-1] < losses[0]
