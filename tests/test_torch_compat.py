@@ -109,3 +109,20 @@ def test_default_backend_compiles_neuron_graphs_with_the_neuron_backend():
     assert m["compiles"] >= 2 and m["eager_graphs"] == 0, m["eager_reasons"]
     assert "inductor_on_neuron" in compat.applied()
     torch._dynamo.reset()
+
+
+def test_rng_state_replay_ops_run_on_neuron():
+    # AOTAutograd replays random ops in recomputed (activation-checkpointed) regions with these
+    # higher-order ops; their device map knew cuda, cpu, hpu and xpu only.
+    from torch._prims.rng_prims import run_and_save_rng_state, run_with_rng_state
+
+    torch.manual_seed(0)
+    rand = torch.ops.aten.rand.default
+    state, a = run_and_save_rng_state(rand, [1000], device=torch.device("neuron"))
+    after = torch.rand(10, device="neuron").cpu()
+    b = run_with_rng_state(state, rand, [1000], device=torch.device("neuron"))
+    assert a.device.type == "neuron" and torch.equal(a.cpu(), b.cpu())
+    assert torch.equal(a.cpu(), torch.rand(1000, generator=torch.Generator().manual_seed(0)))
+    # run_with_rng_state leaves the generator where it was.
+    assert not torch.equal(torch.rand(10, device="neuron").cpu(), after)
+    assert "rng_state_higher_order_ops" in compat.applied()

@@ -26,6 +26,10 @@ listed in docs/device.md ("Adjustments to PyTorch"). Nothing else in the package
   CUDA, XPU and MPS only and fails on a graph on ``neuron`` (``KeyError: 'neuron'``, "No interface
   for device neuron"); such a graph is compiled by the ``neuron`` backend instead, as
   ``backend="neuron"`` would (graphs on other devices still go to Inductor).
+- ``run_and_save_rng_state`` / ``run_with_rng_state`` (the higher-order ops AOTAutograd uses to
+  replay random ops when activation checkpointing recomputes a compiled region): their kernels
+  pick an implementation from a map of cuda, cpu, hpu and xpu and raise "Backend not supported"
+  for any other device; ``neuron`` gets CUDA's implementation over ``torch.neuron``'s RNG state.
 """
 import warnings
 
@@ -138,6 +142,47 @@ def _inductor_on_neuron():
     _applied.append("inductor_on_neuron")
 
 
+def _rng_state_higher_order_ops():
+    from torch._C import DispatchKey
+    from torch._higher_order_ops.utils import registered_hop_fake_fns
+    from torch._prims import rng_prims
+
+    def run_and_save(op, *args, **kwargs):
+        return torch.neuron.get_rng_state(), op(*args, **kwargs)
+
+    def run_with(rng_state, op, *args, **kwargs):
+        current = torch.neuron.get_rng_state()
+        torch.neuron.set_rng_state(rng_state.cpu())
+        try:
+            return op(*args, **kwargs)
+        finally:
+            torch.neuron.set_rng_state(current)
+
+    def on_neuron(original, neuron_impl, leading):
+        # `leading` arguments (the op, and the state for run_with) come before the op's own.
+        def kernel(*args, **kwargs):
+            if rng_prims.get_device(args[leading:], kwargs) == "neuron":
+                return neuron_impl(*args, **kwargs)
+            return original(*args, **kwargs)
+
+        kernel._neuron = True
+        return kernel
+
+    for hop, impl, leading in ((rng_prims.run_and_save_rng_state, run_and_save, 1),
+                               (rng_prims.run_with_rng_state, run_with, 2)):
+        select = hop.py_kernels[DispatchKey.BackendSelect]
+        if getattr(select, "_neuron", False):
+            continue
+        hop.py_kernels[DispatchKey.BackendSelect] = on_neuron(select, impl, leading)
+        hop.py_impl(DispatchKey.PrivateUse1)(impl)
+        hop._dispatch_cache.clear()
+    # Under fake tensors run_and_save_rng_state asks the same device map for the state's shape.
+    fake = registered_hop_fake_fns[rng_prims.run_and_save_rng_state]
+    if not getattr(fake, "_neuron", False):
+        registered_hop_fake_fns[rng_prims.run_and_save_rng_state] = on_neuron(fake, run_and_save, 1)
+    _applied.append("rng_state_higher_order_ops")
+
+
 def _linear_cross_entropy_accumulation():
     from torch.nn.modules import linear_cross_entropy_options as lce
 
@@ -192,12 +237,12 @@ def apply():
         warnings.warn(
             f"torch_neuronx: torch {torch.__version__} is not a version its PyTorch adjustments were checked "
             f"against ({', '.join(v + 'x' for v in _CHECKED)}); FlexAttention, linear_cross_entropy, "
-            "out_dtype, Inductor on neuron graphs and multi-backend process groups keep PyTorch's own device rules on neuron. Install torch==2.13.0.",
+            "out_dtype, Inductor on neuron graphs, RNG-state replay and multi-backend process groups keep PyTorch's own device rules on neuron. Install torch==2.13.0.",
             stacklevel=2,
         )
         return
     for adjust in (_flex_attention_device, _higher_order_autocast, _linear_cross_entropy_accumulation,
-                   _multi_backend_default, _out_dtype_int_mm, _inductor_on_neuron):
+                   _multi_backend_default, _out_dtype_int_mm, _inductor_on_neuron, _rng_state_higher_order_ops):
         try:
             adjust()
         except (AttributeError, ImportError, KeyError) as e:  # torch moved something: say which
