@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.modules.linear_cross_entropy_options import LinearCrossEntropyOptions
 
+import torch_neuronx
 import torch_neuronx._torch_compat as compat
 
 DEV = torch.device("neuron")
@@ -126,3 +127,31 @@ def test_rng_state_replay_ops_run_on_neuron():
     # run_with_rng_state leaves the generator where it was.
     assert not torch.equal(torch.rand(10, device="neuron").cpu(), after)
     assert "rng_state_higher_order_ops" in compat.applied()
+
+
+def test_printing_reads_the_device_once():
+    # Printing formats a host copy of the elements it reads (summarized tensors: the corners), with
+    # the same text as formatting on the device, which read element after element.
+    import torch._tensor_str as ts
+
+    torch.manual_seed(0)
+    cases = [torch.tensor(3.5), torch.empty(0), torch.randn(5), torch.randn(2000), torch.randn(100, 100),
+             torch.randn(20, 30, 40), torch.randn(7, 1001).to(torch.bfloat16), torch.randint(-5, 5, (3000,)),
+             torch.rand(50, 50) > 0.5, torch.randn(40, 40, dtype=torch.complex64), torch.randn(300, 400).t(),
+             torch.tensor([float("inf"), float("nan"), 1e-8, 1e8] * 300), torch.randn(6, 6).to(torch.float8_e4m3fn),
+             torch.randint(-128, 127, (512, 256), dtype=torch.int8), torch.randn(2, 3, 4, 5, 6, 7)]
+    dev = [c.to("neuron") for c in cases] + [torch.nn.Parameter(torch.randn(3000, device="neuron")) * 2]
+    patched = ts._tensor_str
+    assert "print_from_host_copy" in compat.applied() and patched._neuron
+    got = [str(d) for d in dev]
+    ts._tensor_str = patched._original
+    try:
+        expected = [str(d) for d in dev]
+    finally:
+        ts._tensor_str = patched
+    for g, e, d in zip(got, expected, dev):
+        assert g == e, (d.shape, d.dtype)
+    for x in (dev[-3], dev[-2]):  # 131,072 int8 elements; a 6-d tensor; both summarized
+        syncs = sum(torch_neuronx.metrics()["syncs"].values())
+        repr(x)
+        assert sum(torch_neuronx.metrics()["syncs"].values()) - syncs == 1, x.shape  # one copy (the int8 was 48 reads)

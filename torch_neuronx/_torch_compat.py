@@ -30,6 +30,11 @@ listed in docs/device.md ("Adjustments to PyTorch"). Nothing else in the package
   replay random ops when activation checkpointing recomputes a compiled region): their kernels
   pick an implementation from a map of cuda, cpu, hpu and xpu and raise "Backend not supported"
   for any other device; ``neuron`` gets CUDA's implementation over ``torch.neuron``'s RNG state.
+- Printing a tensor: ``torch._tensor_str`` copies xla, lazy, ipu and mtia tensors to the host
+  before formatting them and formats any other device's tensor with device ops, reading element
+  after element back (dozens of host synchronizations per print, each draining the queues).
+  ``neuron`` tensors are formatted from one host copy of the elements printing reads (all of
+  them, or for a summarized tensor the first and last ``edgeitems`` along every dimension).
 """
 import warnings
 
@@ -183,6 +188,53 @@ def _rng_state_higher_order_ops():
     _applied.append("rng_state_higher_order_ops")
 
 
+def _host_copy_for_printing(t):
+    """A host tensor of t's shape holding the elements printing reads; None to print as is."""
+    from torch._tensor_str import PRINT_OPTS
+
+    if t.device.type != "neuron" or t.layout != torch.strided or t.dim() == 0:
+        return None
+    with torch.no_grad():
+        if t.numel() <= PRINT_OPTS.threshold:
+            return t.cpu()
+        e = PRINT_OPTS.edgeitems
+        if e == 0:
+            return None
+        def rows(n, device=None):  # the indices printing reads along a dimension of size n
+            if n <= 2 * e:
+                return torch.arange(n, device=device)
+            return torch.cat((torch.arange(e, device=device), torch.arange(n - e, n, device=device)))
+
+        index = [rows(n) for n in t.shape]
+        corners = t
+        for d, n in enumerate(t.shape):
+            if n > 2 * e:  # made on the device: no host-to-device copy
+                corners = corners.index_select(d, rows(n, t.device))
+        host = torch.empty(t.shape, dtype=t.dtype)  # elements outside the corners are never read
+        host[tuple(i.view([-1 if k == d else 1 for k in range(t.dim())]) for d, i in enumerate(index))] = corners.cpu()
+        return host
+
+
+def _print_from_host_copy():
+    from torch import _tensor_str
+
+    original = _tensor_str._tensor_str
+    if getattr(original, "_neuron", False):
+        return
+
+    def _format(self, indent):
+        try:
+            host = _host_copy_for_printing(self)
+        except (RuntimeError, NotImplementedError):  # a dtype index_select lacks: format on the device
+            host = None
+        return original(self if host is None else host, indent)
+
+    _format._neuron = True
+    _format._original = original
+    _tensor_str._tensor_str = _format
+    _applied.append("print_from_host_copy")
+
+
 def _linear_cross_entropy_accumulation():
     from torch.nn.modules import linear_cross_entropy_options as lce
 
@@ -237,12 +289,13 @@ def apply():
         warnings.warn(
             f"torch_neuronx: torch {torch.__version__} is not a version its PyTorch adjustments were checked "
             f"against ({', '.join(v + 'x' for v in _CHECKED)}); FlexAttention, linear_cross_entropy, "
-            "out_dtype, Inductor on neuron graphs, RNG-state replay and multi-backend process groups keep PyTorch's own device rules on neuron. Install torch==2.13.0.",
+            "out_dtype, Inductor on neuron graphs, RNG-state replay, printing and multi-backend process groups keep PyTorch's own device rules on neuron. Install torch==2.13.0.",
             stacklevel=2,
         )
         return
     for adjust in (_flex_attention_device, _higher_order_autocast, _linear_cross_entropy_accumulation,
-                   _multi_backend_default, _out_dtype_int_mm, _inductor_on_neuron, _rng_state_higher_order_ops):
+                   _multi_backend_default, _out_dtype_int_mm, _inductor_on_neuron, _rng_state_higher_order_ops,
+                   _print_from_host_copy):
         try:
             adjust()
         except (AttributeError, ImportError, KeyError) as e:  # torch moved something: say which
