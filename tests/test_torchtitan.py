@@ -118,6 +118,19 @@ def test_llama_float8_equals_cpu(assets, tmp_path):
     assert neuron == titan("cpu", assets, tmp_path / "c", *args, steps=STEPS - 1)
 
 
+def test_llama_float8_fsdp2_all_gather_matches_gloo(assets, tmp_path):
+    # FSDP2 all-gathers float8 weights cast with a scale precomputed over every shard: the same
+    # float8 weights as DDP casting the whole weight (the CPU reference, as Gloo lacks PREMUL_SUM).
+    f8 = ("--model.converters", "quantize.linear.float8", "--quantize.linear.float8.emulate",
+          "--training.mixed_precision_param", "float32")
+    fsdp = titan("neuron", assets, tmp_path / "n", "--parallelism.data_parallel_shard_degree", "2", *f8,
+                 "--quantize.linear.float8.enable_fsdp_float8_all_gather",
+                 "--quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp", nproc=2, steps=STEPS - 1)
+    ddp = titan("cpu", assets, tmp_path / "c", "--parallelism.data_parallel_replicate_degree", "2", *f8, nproc=2,
+                steps=STEPS - 1)
+    assert fsdp == pytest.approx(ddp, rel=2e-5)
+
+
 def test_deepseek_v3_one_rank_equals_cpu(assets, tmp_path):
     neuron = titan("neuron", assets, tmp_path / "n", model="deepseek_v3", steps=STEPS - 1)
     assert neuron == titan("cpu", assets, tmp_path / "c", model="deepseek_v3", steps=STEPS - 1)
