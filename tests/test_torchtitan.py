@@ -1,6 +1,7 @@
 """TorchTitan 0.2.2 on neuron, unchanged (issue 28 §2): its trainer (`torchtitan.train`, launched
 with torchrun) trains the Llama 3, DeepSeek-V3 and GPT-OSS debug models on `neuron`, on 1 and 2
-ranks (DDP, FSDP2, TP, activation checkpointing, float8, a DCP checkpoint save and resume), and
+ranks (DDP, FSDP2, TP, PP, activation checkpointing, float8, compile, a DCP checkpoint save and
+resume), and
 the losses are compared with the same runs on CPU/Gloo. Assets (tokenizer, data) are generated.
 
 TorchTitan has no CPU mode; the CPU reference runs go through tests/ecosystem/torchtitan_run.py,
@@ -107,6 +108,14 @@ def test_llama_tensor_parallel_equals_gloo(assets, tmp_path):
             str(tmp_path / "seed" / "checkpoint" / "step-0"), "--checkpoint.interval", "1000")
     neuron = titan("neuron", assets, tmp_path / "n", *args, nproc=2)
     assert neuron == titan("cpu", assets, tmp_path / "c", *args, nproc=2)
+
+
+def test_llama_pipeline_parallel_equals_gloo(assets, tmp_path):
+    # Two stages, 1F1B over two microbatches of 2 (the last stage logs the loss).
+    args = ("--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_parallel_schedule", "1F1B",
+            "--training.local_batch_size", "4", "--parallelism.pipeline_parallel_microbatch_size", "2")
+    neuron = titan("neuron", assets, tmp_path / "n", *args, nproc=2, steps=STEPS - 1)
+    assert len(neuron) == STEPS - 1 and neuron == titan("cpu", assets, tmp_path / "c", *args, nproc=2, steps=STEPS - 1)
 
 
 def test_llama_float8_equals_cpu(assets, tmp_path):
