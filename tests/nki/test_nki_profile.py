@@ -136,6 +136,9 @@ def test_torch_profiler_shows_each_instruction_on_a_modeled_engine_track(tmp_pat
     b = torch.randn(128, 512).to(torch.bfloat16).to("neuron")
     k = _matmul_kernel(512)
     k(a, b)  # traced before the profiled region
+    # ...and run: a launch reports its modeled steps when it runs, which could otherwise fall
+    # inside the profiled region.
+    torch.neuron.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as prof:
         out = k(a, b)
         torch.neuron.synchronize()
