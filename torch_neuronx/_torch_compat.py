@@ -207,9 +207,12 @@ def _host_copy_for_printing(t):
 
         index = [rows(n) for n in t.shape]
         corners = t
-        for d, n in enumerate(t.shape):
-            if n > 2 * e:  # made on the device: no host-to-device copy
-                corners = corners.index_select(d, rows(n, t.device))
+        try:
+            for d, n in enumerate(t.shape):
+                if n > 2 * e:  # made on the device: no host-to-device copy
+                    corners = corners.index_select(d, rows(n, t.device))
+        except (RuntimeError, NotImplementedError):  # a dtype index_select lacks: format on the device
+            return None
         host = torch.empty(t.shape, dtype=t.dtype)  # elements outside the corners are never read
         host[tuple(i.view([-1 if k == d else 1 for k in range(t.dim())]) for d, i in enumerate(index))] = corners.cpu()
         return host
@@ -223,10 +226,9 @@ def _print_from_host_copy():
         return
 
     def _format(self, indent):
-        try:
-            host = _host_copy_for_printing(self)
-        except (RuntimeError, NotImplementedError):  # a dtype index_select lacks: format on the device
-            host = None
+        # Only index_select's refusal is caught (inside): an earlier kernel's error raised by the
+        # copy must reach the caller, not be consumed here.
+        host = _host_copy_for_printing(self)
         return original(self if host is None else host, indent)
 
     _format._neuron = True
