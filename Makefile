@@ -41,6 +41,11 @@ $(DEPS_STAMP): pyproject.toml | $(PYTHON)
 	# TorchAO and TorchTitan, pinned as in pyproject's [ao] and [titan] extras. TorchTitan imports
 	# triton at start-up (its MoE kernels); triton's wheel imports without a GPU.
 	$(PYTHON) -m pip install -q "torchao==0.18.0" "torchtitan==0.2.2" "triton==3.9.0" "torch==2.13.0"
+	# vLLM: its metadata requires CUDA packages and torchvision/torchaudio, so the wheel goes in
+	# without dependencies and pyproject's [vllm] extra lists the ones its engine imports.
+	$(PYTHON) -m pip install -q --no-deps "vllm==0.32.0"
+	$(PYTHON) -m pip install -q "torch==2.13.0" "transformers==5.24.0" $$($(PYTHON) -c \
+	  "import tomllib; print(' '.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['vllm']))")
 	touch $@
 
 build: $(DEPS_STAMP) $(SYS_STAMP)

@@ -1,0 +1,213 @@
+"""vLLM 0.32.0 on neuron through the platform plugin (issue 28 §1): vLLM's offline engine, unchanged,
+serves tiny Llama, Qwen2 and Mixtral models saved from configs, and its greedy tokens equal Hugging
+Face `generate` on CPU token for token. Each engine runs in a subprocess
+(tests/ecosystem/vllm_run.py) that reports tokens, cached-prefix lengths and each worker's KV cache."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from helpers import clean_env
+
+pytest.importorskip("vllm", reason="vllm==0.32.0 is installed by `make test` (see docs/vllm.md)")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RUN = os.path.join(HERE, "ecosystem", "vllm_run.py")
+HBM = 1 << 30  # the simulated device's memory in these runs: the KV cache fills its share of it
+UTILIZATION = 0.5
+MAX_TOKENS = 10
+
+# Requests of different lengths: more than max_num_seqs at once (the scheduler batches them
+# continuously) and one longer than max_num_batched_tokens (its prefill is chunked).
+PROMPTS = [[1, 5, 9, 13, 17], list(range(7, 24)), list(range(3, 81)), [1, 100, 101], list(range(200, 207))]
+SHARED = list(range(30, 78))  # 3 blocks of 16 shared by the next prompts: prefix-cache hits
+PREFIXED = [SHARED + [90 + i, 100 + i] for i in range(4)]
+ENGINE = {"skip_tokenizer_init": True, "dtype": "float32", "max_model_len": 128, "max_num_seqs": 4,
+          "max_num_batched_tokens": 64, "gpu_memory_utilization": UTILIZATION}
+GREEDY = {"max_tokens": MAX_TOKENS, "temperature": 0.0, "ignore_eos": True}
+
+
+def test_pinned_version_and_entry_point():
+    from importlib.metadata import entry_points, version
+
+    import torch_neuronx.vllm
+
+    assert version("vllm") == torch_neuronx.vllm.SUPPORTED_VLLM == "0.32.0"
+    (ep,) = [e for e in entry_points(group="vllm.platform_plugins") if e.name == "neuron"]
+    assert ep.load()() == "torch_neuronx.vllm.platform.NeuronPlatform"
+
+
+def test_register_declines_another_vllm(monkeypatch):
+    import importlib.metadata
+    import logging
+
+    import torch_neuronx.vllm
+
+    records = []
+    handler = logging.Handler()
+    handler.emit = lambda record: records.append(record.getMessage())
+    logger = logging.getLogger("torch_neuronx.vllm")
+    logger.addHandler(handler)
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.31.0")
+    try:
+        assert torch_neuronx.vllm.register() is None
+    finally:
+        logger.removeHandler(handler)
+    assert any("supports vllm==0.32.0; vllm 0.31.0 is installed" in m for m in records)
+
+
+def _slot_mapping_reference(qsl, positions, table, block, cp_world=1, cp_rank=0, interleave=1, pad=-1):
+    out = []
+    for r in range(len(qsl) - 1):
+        for t in range(qsl[r], qsl[r + 1]):
+            p = positions[t]
+            vb, vo = divmod(p, block * cp_world)
+            if (vo // interleave) % cp_world != cp_rank:
+                out.append(pad)
+                continue
+            local = (vo // (cp_world * interleave)) * interleave + vo % interleave
+            out.append(table[r][vb] * block + local)
+    return out
+
+
+@pytest.mark.parametrize("cp_world,cp_rank,interleave", [(1, 0, 1), (2, 1, 1), (2, 0, 4)])
+def test_slot_mapping_kernel(cp_world, cp_rank, interleave):
+    """The torch slot-mapping kernel (vLLM's Triton kernel on other platforms) against a loop."""
+    from torch_neuronx.vllm.kernels import compute_slot_mapping
+
+    g = torch.Generator().manual_seed(0)
+    lens = [1, 37, 1, 300, 5]
+    qsl = [0]
+    for n in lens:
+        qsl.append(qsl[-1] + n)
+    starts = [0, 4, 90, 17, 600]
+    positions = [s + i for s, n in zip(starts, lens) for i in range(n)]
+    table = torch.randperm(4000, generator=g)[: 5 * 64].view(5, 64).int()
+    n = len(positions)
+    slots = torch.empty(n + 11, dtype=torch.long, device="neuron")
+    compute_slot_mapping(n, n + 11, torch.tensor(qsl, dtype=torch.int32).neuron(),
+                         torch.tensor(positions).neuron(), table.neuron().flatten(), 64, slots, 16, cp_world,
+                         cp_rank, interleave, -1, 1024)
+    expect = _slot_mapping_reference(qsl, positions, table.tolist(), 16, cp_world, cp_rank, interleave)
+    assert slots.cpu().tolist() == expect + [-1] * 11
+
+
+def test_moe_experts_match_dense_reference():
+    """The MoE method's routing and sorted-by-expert GEMMs against every expert applied densely."""
+    from torch_neuronx.vllm.moe import experts, route
+
+    g = torch.Generator().manual_seed(0)
+    tokens, hidden, inter, num_experts, top_k = 300, 64, 96, 8, 2
+    x = torch.randn(tokens, hidden, generator=g)
+    w13 = torch.randn(num_experts, 2 * inter, hidden, generator=g) / 8
+    w2 = torch.randn(num_experts, hidden, inter, generator=g) / 8
+    logits = torch.randn(tokens, num_experts, generator=g)
+    logits[:, 5] = -30  # an expert no token picks
+    weights, ids = route(logits.neuron(), top_k)
+    got = experts(x.neuron(), w13.neuron(), w2.neuron(), weights, ids).cpu()
+    probs = torch.softmax(logits, -1)
+    w, i = torch.topk(probs, top_k, -1)
+    w = w / w.sum(-1, keepdim=True)
+    dense = torch.stack([torch.nn.functional.silu(x @ w13[e, :inter].t()) * (x @ w13[e, inter:].t()) @ w2[e].t()
+                         for e in range(num_experts)], 1)  # [tokens, experts, hidden]
+    expect = (dense.gather(1, i.unsqueeze(-1).expand(-1, -1, hidden)) * w.unsqueeze(-1)).sum(1)
+    torch.testing.assert_close(got, expect, rtol=1e-5, atol=1e-5)
+
+
+def _save(kind, path):
+    from transformers import (LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM, Qwen2Config,
+                              Qwen2ForCausalLM)
+
+    common = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, bos_token_id=1,
+                  eos_token_id=2)
+    config, model = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+                     "mixtral": (MixtralConfig, MixtralForCausalLM)}[kind]
+    extra = {"num_local_experts": 4, "num_experts_per_tok": 2} if kind == "mixtral" else {}
+    torch.manual_seed(0)
+    model(config(**common, **extra)).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("vllm-models")
+    return {k: _save(k, str(root / k)) for k in ("llama", "qwen2", "mixtral")}
+
+
+def hf_greedy(path, prompts):
+    """Hugging Face `generate` on CPU, float32: the reference tokens."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    return [model.generate(torch.tensor([p]), max_new_tokens=MAX_TOKENS, do_sample=False, eos_token_id=None,
+                           pad_token_id=0)[0, len(p):].tolist() for p in prompts]
+
+
+def serve(tmp_path, model, jobs, tp=1, **engine):
+    """Runs vLLM's engine in a fresh process; returns what tests/ecosystem/vllm_run.py reports."""
+    spec = tmp_path / f"spec-{len(list(tmp_path.iterdir()))}.json"
+    spec.write_text(json.dumps({"engine": {**ENGINE, "model": model, "tensor_parallel_size": tp, **engine},
+                                "jobs": jobs}))
+    env = clean_env(TORCH_NEURONX_SIM_HBM=HBM, TORCH_NEURONX_SIM_CORES=max(tp, 1))
+    r = subprocess.run([sys.executable, RUN, str(spec)], env=env, capture_output=True, text=True, timeout=600,
+                       cwd=str(tmp_path))
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, f"vLLM exited {r.returncode}:\n{out[-6000:]}"
+    (line,) = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
+    result = json.loads(line[len("RESULT "):])
+    assert result["platform"] == "neuron"
+    return result
+
+
+def _check_kv_cache(workers, tp):
+    assert len(workers) == tp
+    for w in workers:
+        assert len(w["devices"]) == 1 and w["devices"][0].startswith("neuron:")
+        assert w["total"] == HBM
+        assert w["requested"] == int(UTILIZATION * HBM)
+        # The cache takes what the profile run left of the requested share (weights and
+        # activations of these models are a few MiB).
+        assert 0.95 * w["requested"] < w["bytes"] <= w["requested"]
+        assert w["free"] <= HBM - w["bytes"]
+
+
+def test_llama_greedy_batching_prefix_caching_and_seeded_sampling(tmp_path, models):
+    sample = {"max_tokens": MAX_TOKENS, "temperature": 0.9, "top_p": 0.9, "top_k": 50, "ignore_eos": True}
+    jobs = [{"name": "batched", "prompts": PROMPTS, "sampling": GREEDY},
+            {"name": "one_by_one", "prompts": PROMPTS, "sampling": GREEDY, "one_by_one": True},
+            {"name": "warm", "prompts": PREFIXED[:1], "sampling": GREEDY},
+            {"name": "prefixed", "prompts": PREFIXED, "sampling": GREEDY},
+            {"name": "seed_a", "prompts": PROMPTS[:3], "sampling": {**sample, "seed": 1234}},
+            {"name": "seed_a_again", "prompts": PROMPTS[:3], "sampling": {**sample, "seed": 1234}},
+            {"name": "seed_b", "prompts": PROMPTS[:3], "sampling": {**sample, "seed": 4321}}]
+    r = serve(tmp_path, models["llama"], jobs, enable_prefix_caching=True)
+    jobs = r["jobs"]
+    expect = hf_greedy(models["llama"], PROMPTS + PREFIXED)
+    assert jobs["batched"]["tokens"] == expect[:len(PROMPTS)]
+    assert jobs["one_by_one"]["tokens"] == expect[:len(PROMPTS)]
+    assert jobs["prefixed"]["tokens"] == expect[len(PROMPTS):]
+    # The shared 48-token prefix (3 full blocks) was served from the cache after the warm-up.
+    assert jobs["prefixed"]["cached"] == [48] * len(PREFIXED)
+    assert jobs["seed_a"]["tokens"] == jobs["seed_a_again"]["tokens"]
+    assert jobs["seed_a"]["tokens"] != jobs["seed_b"]["tokens"]
+    assert jobs["seed_a"]["tokens"] != expect[:3]
+    _check_kv_cache(r["workers"], 1)
+
+
+def test_llama_tensor_parallel_2_without_prefix_caching(tmp_path, models):
+    jobs = [{"name": "batched", "prompts": PROMPTS + PREFIXED, "sampling": GREEDY}]
+    r = serve(tmp_path, models["llama"], jobs, tp=2, enable_prefix_caching=False)
+    assert r["jobs"]["batched"]["tokens"] == hf_greedy(models["llama"], PROMPTS + PREFIXED)
+    assert r["jobs"]["batched"]["cached"] == [0] * len(PROMPTS + PREFIXED)
+    _check_kv_cache(r["workers"], 2)
+    assert sorted(w["devices"][0] for w in r["workers"]) == ["neuron:0", "neuron:1"]
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "mixtral"])
+def test_qwen2_and_mixtral_greedy(tmp_path, models, kind):
+    jobs = [{"name": "batched", "prompts": PROMPTS, "sampling": GREEDY}]
+    r = serve(tmp_path, models[kind], jobs, enable_prefix_caching=True)
+    assert r["jobs"]["batched"]["tokens"] == hf_greedy(models[kind], PROMPTS)
