@@ -211,3 +211,47 @@ def test_qwen2_and_mixtral_greedy(tmp_path, models, kind):
     jobs = [{"name": "batched", "prompts": PROMPTS, "sampling": GREEDY}]
     r = serve(tmp_path, models[kind], jobs, enable_prefix_caching=True)
     assert r["jobs"]["batched"]["tokens"] == hf_greedy(models[kind], PROMPTS)
+
+
+def test_vllm_serve_openai_completions(tmp_path, models):
+    """`vllm serve` (the OpenAI-compatible server) on neuron answers a completion with HF's tokens."""
+    import socket
+    import time
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", models["llama"], "--skip-tokenizer-init",
+           "--dtype", "float32", "--max-model-len", "128", "--gpu-memory-utilization", str(UTILIZATION),
+           "--host", "127.0.0.1", "--port", str(port)]
+    env = clean_env(TORCH_NEURONX_SIM_HBM=HBM, VLLM_NO_USAGE_STATS=1)
+    log = open(tmp_path / "serve.log", "w+")
+    server = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=str(tmp_path))
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            assert server.poll() is None, "vllm serve exited:\n" + open(tmp_path / "serve.log").read()[-6000:]
+            try:
+                urllib.request.urlopen(base + "/health", timeout=5)
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "vllm serve did not become healthy in 300 s"
+                time.sleep(1)
+        body = {"model": models["llama"], "prompt": PROMPTS[1], "max_tokens": MAX_TOKENS, "temperature": 0,
+                "ignore_eos": True, "return_token_ids": True}
+        req = urllib.request.Request(base + "/v1/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        reply = json.load(urllib.request.urlopen(req, timeout=120))
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        log.close()
+    (choice,) = reply["choices"]
+    assert choice["token_ids"] == hf_greedy(models["llama"], [PROMPTS[1]])[0]
+    assert reply["usage"]["completion_tokens"] == MAX_TOKENS
