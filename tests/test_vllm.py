@@ -116,6 +116,18 @@ def test_moe_experts_match_dense_reference():
     torch.testing.assert_close(got, expect, rtol=1e-5, atol=1e-5)
 
 
+def test_unsupported_requests_raise_clear_errors():
+    from torch_neuronx.vllm.attention import NeuronAttentionImpl
+    from torch_neuronx.vllm.platform import NeuronPlatform
+
+    with pytest.raises(ValueError, match="fp8 quantization is not supported on neuron"):
+        NeuronPlatform.verify_quantization("fp8")
+    with pytest.raises(ValueError, match="float32, bfloat16 or float16, not torch.int8"):
+        NeuronPlatform.check_if_supports_dtype(torch.int8)
+    with pytest.raises(NotImplementedError, match="ALiBi"):
+        NeuronAttentionImpl(4, 16, 0.25, alibi_slopes=[1.0] * 4)
+
+
 def _save(kind, path):
     from transformers import (LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM, Qwen2Config,
                               Qwen2ForCausalLM)
@@ -146,12 +158,17 @@ def hf_greedy(path, prompts):
                            pad_token_id=0)[0, len(p):].tolist() for p in prompts]
 
 
-def serve(tmp_path, model, jobs, tp=1, **engine):
-    """Runs vLLM's engine in a fresh process; returns what tests/ecosystem/vllm_run.py reports."""
+def serve(tmp_path, model, jobs, tp=1, pipeline_parallel_size=1, in_process=False, **engine):
+    """Runs vLLM's engine in a fresh process; returns what tests/ecosystem/vllm_run.py reports.
+
+    ``in_process``: the engine core and its worker run in that process (vLLM's
+    VLLM_ENABLE_V1_MULTIPROCESSING=0) instead of two spawned ones; 7 s less per run."""
     spec = tmp_path / f"spec-{len(list(tmp_path.iterdir()))}.json"
-    spec.write_text(json.dumps({"engine": {**ENGINE, "model": model, "tensor_parallel_size": tp, **engine},
+    spec.write_text(json.dumps({"engine": {**ENGINE, "model": model, "tensor_parallel_size": tp,
+                                           "pipeline_parallel_size": pipeline_parallel_size, **engine},
                                 "jobs": jobs}))
-    env = clean_env(TORCH_NEURONX_SIM_HBM=HBM, TORCH_NEURONX_SIM_CORES=max(tp, 1))
+    env = clean_env(TORCH_NEURONX_SIM_HBM=HBM, TORCH_NEURONX_SIM_CORES=tp * pipeline_parallel_size,
+                    VLLM_ENABLE_V1_MULTIPROCESSING=0 if in_process else 1)
     r = subprocess.run([sys.executable, RUN, str(spec)], env=env, capture_output=True, text=True, timeout=600,
                        cwd=str(tmp_path))
     out = r.stdout + r.stderr
@@ -197,9 +214,10 @@ def test_llama_greedy_batching_prefix_caching_and_seeded_sampling(tmp_path, mode
     _check_kv_cache(r["workers"], 1)
 
 
-def test_llama_tensor_parallel_2_without_prefix_caching(tmp_path, models):
+@pytest.mark.parametrize("tp,pp", [(2, 1), (1, 2)], ids=["tensor_parallel_2", "pipeline_parallel_2"])
+def test_llama_two_devices_without_prefix_caching(tmp_path, models, tp, pp):
     jobs = [{"name": "batched", "prompts": PROMPTS + PREFIXED, "sampling": GREEDY}]
-    r = serve(tmp_path, models["llama"], jobs, tp=2, enable_prefix_caching=False)
+    r = serve(tmp_path, models["llama"], jobs, tp=tp, pipeline_parallel_size=pp, enable_prefix_caching=False)
     assert r["jobs"]["batched"]["tokens"] == hf_greedy(models["llama"], PROMPTS + PREFIXED)
     assert r["jobs"]["batched"]["cached"] == [0] * len(PROMPTS + PREFIXED)
     _check_kv_cache(r["workers"], 2)
@@ -209,7 +227,7 @@ def test_llama_tensor_parallel_2_without_prefix_caching(tmp_path, models):
 @pytest.mark.parametrize("kind", ["qwen2", "mixtral"])
 def test_qwen2_and_mixtral_greedy(tmp_path, models, kind):
     jobs = [{"name": "batched", "prompts": PROMPTS, "sampling": GREEDY}]
-    r = serve(tmp_path, models[kind], jobs, enable_prefix_caching=True)
+    r = serve(tmp_path, models[kind], jobs, in_process=True, enable_prefix_caching=True)
     assert r["jobs"]["batched"]["tokens"] == hf_greedy(models[kind], PROMPTS)
 
 

@@ -2,11 +2,12 @@
 
 SPEC: {"engine": {LLM keyword arguments}, "jobs": [{"name", "prompts": [[token ids]...],
 "sampling": {SamplingParams keyword arguments}, "one_by_one": bool}...]}. Prints one line
-`RESULT <json>`: per job the generated token ids and cached-prefix lengths, the platform's name,
+`RESULT <json>`: per job the generated token ids, cached-prefix lengths and wall time, the platform's name,
 and what each worker reports about its KV cache and device memory."""
 import json
 import os
 import sys
+import time
 
 
 def kv_cache_report(worker):
@@ -33,12 +34,14 @@ def main():
     for job in spec["jobs"]:
         prompts = [{"prompt_token_ids": p} for p in job["prompts"]]
         params = SamplingParams(detokenize=False, **job["sampling"])
+        start = time.perf_counter()
         if job.get("one_by_one"):
             outs = [llm.generate([p], params, use_tqdm=False)[0] for p in prompts]
         else:
             outs = llm.generate(prompts, params, use_tqdm=False)
         result["jobs"][job["name"]] = {"tokens": [list(o.outputs[0].token_ids) for o in outs],
-                                       "cached": [o.num_cached_tokens for o in outs]}
+                                       "cached": [o.num_cached_tokens for o in outs],
+                                       "seconds": time.perf_counter() - start}
     result["workers"] = llm.collective_rpc(kv_cache_report)
     print("RESULT " + json.dumps(result), flush=True)
 

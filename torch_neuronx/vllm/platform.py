@@ -23,7 +23,6 @@ class NeuronPlatform(Platform):
     device_control_env_var = "NEURON_RT_VISIBLE_CORES"
     # vLLM torch.compiles a few helpers with this backend; its Inductor default would emit Triton.
     simple_compile_backend = "neuron"
-    supported_quantization: list = []
 
     @classmethod
     def import_kernels(cls) -> None:
@@ -83,6 +82,13 @@ class NeuronPlatform(Platform):
     def check_if_supports_dtype(cls, dtype: torch.dtype):
         if dtype not in (torch.float32, torch.bfloat16, torch.float16):
             raise ValueError(f"neuron runs models in float32, bfloat16 or float16, not {dtype}")
+
+    @classmethod
+    def verify_quantization(cls, quant: str) -> None:
+        # vLLM's quantized linear and MoE methods are CUDA kernels (an empty
+        # supported_quantization list would let every method through).
+        raise ValueError(f"{quant} quantization is not supported on neuron: the neuron vLLM plugin runs "
+                         "unquantized float32, bfloat16 or float16 checkpoints")
 
     @classmethod
     def support_hybrid_kv_cache(cls) -> bool:
