@@ -3,7 +3,9 @@
 On `neuron` this is `python -m torchtitan.train`: TorchTitan finds the device through PyTorch's
 device-generic lookup. TorchTitan has no CPU mode (it falls back to "cuda"), so the CPU reference
 run points that lookup at CPU and gives `torch.cpu` the few memory-statistics functions TorchTitan's
-memory monitor calls (all zero), an index from `current_device()` and integer `histc`; TorchTitan's own code runs as shipped in both."""
+memory monitor calls (all zero), an index from `current_device()` and integer `histc`, and compiles
+FlexAttention with aot_eager (PyTorch has no CPU FlexAttention backward); TorchTitan's own code runs
+as shipped on neuron."""
 import os
 import sys
 
@@ -40,5 +42,16 @@ else:
     import torch_neuronx  # noqa: F401  (PyTorch also loads it on `import torch`)
 
 from torchtitan.train import Trainer, main  # noqa: E402
+
+if device == "cpu":
+    # PyTorch refuses FlexAttention's backward on CPU (Inductor has no CPU backward kernel), and
+    # TorchTitan compiles flex_attention with Inductor. The reference compiles it with
+    # aot_eager instead: flex_attention's own dense implementation and its autograd, which is
+    # what the neuron run computes (the neuron compiler does not lower flex_attention yet).
+    import torch.nn.attention.flex_attention as flex
+    from torchtitan.models.attention import FlexAttentionWrapper
+
+    flex._validate_device = lambda query, key, value: None
+    FlexAttentionWrapper._compiled_flex_attn = torch.compile(flex.flex_attention, backend="aot_eager")
 
 main(Trainer)
