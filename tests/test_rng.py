@@ -336,3 +336,43 @@ def test_a_cpu_generator_state_is_accepted():
     assert _seed_offset(torch.neuron.get_rng_state())[1] == 64
     with pytest.raises(RuntimeError, match="uint8"):
         torch.neuron.set_rng_state(torch.zeros(2, dtype=torch.int64))
+
+
+@pytest.mark.parametrize("mode", ["non_reentrant", "reentrant", "selective"])
+def test_activation_checkpointing_replays_dropout(mode):
+    """torch.utils.checkpoint saves and restores the neuron RNG state (it reads the device
+    module's `_initialized`), so the recomputed dropout masks are the forward's: gradients equal
+    the run without checkpointing, and CPU's with the same seed."""
+    import functools
+
+    from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+    def policy(ctx, op, *args, **kwargs):
+        return CheckpointPolicy.MUST_SAVE if op == torch.ops.aten.mm.default else CheckpointPolicy.PREFER_RECOMPUTE
+
+    kwargs = {"use_reentrant": mode == "reentrant"}
+    if mode == "selective":
+        kwargs["context_fn"] = functools.partial(create_selective_checkpoint_contexts, policy)
+    grads = {}
+    for device in ("cpu", "neuron"):
+        torch.manual_seed(0)
+        layers = torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(4)]).to(device)
+        x = torch.randn(64, 256).to(device).requires_grad_()
+
+        def block(h):
+            for layer in layers:
+                h = F.dropout(layer(h).relu(), 0.3, training=True)
+            return h
+
+        for ckpt in (True, False):
+            torch.manual_seed(SEED)
+            y = checkpoint(block, x, **kwargs) if ckpt else block(x)
+            y.square().sum().backward()
+            grads[device, ckpt] = [x.grad.cpu()] + [p.grad.cpu() for p in layers.parameters()]
+            x.grad = None
+            layers.zero_grad(set_to_none=True)
+    assert torch.neuron._initialized
+    for a, b in zip(grads["neuron", True], grads["neuron", False]):
+        assert torch.equal(a, b)
+    for a, b in zip(grads["neuron", True], grads["cpu", True]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)

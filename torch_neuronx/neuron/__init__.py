@@ -224,6 +224,11 @@ class StreamContext:
 def __getattr__(name):
     if name == "default_generators":
         return random.default_generators
+    if name == "_initialized":
+        # torch.cuda's flag, read by torch.utils.checkpoint: without it, checkpointed regions on
+        # neuron neither save nor restore the device's RNG state, and recomputed random ops
+        # (dropout) draw new values in the backward.
+        return is_initialized()
     raise AttributeError(f"module 'torch.neuron' has no attribute '{name}'")
 
 
