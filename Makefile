@@ -85,7 +85,7 @@ test-large: build
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
 
 # The stacks' longer runs (make test runs them at 4 steps): TorchTitan's comparisons with CPU/Gloo
-# over 20 steps, TorchAO's tests, vLLM's tests with pipeline parallel added, the TorchAO side-by-side
+# over 20 steps, TorchAO's tests, vLLM's tests with pipeline parallel and vllm serve, the TorchAO side-by-side
 # table (docs/torchao.md) and vLLM's serving throughput on a 155M-parameter Llama (docs/vllm.md). ~14 min.
 ecosystem: build
 	@TORCHTITAN_STEPS=20 VLLM_TESTS_FULL=1 $(PYTHON) -m pytest tests/test_torchtitan.py tests/test_torchao.py \

@@ -200,7 +200,8 @@ def test_llama_greedy_batching_prefix_caching_and_seeded_sampling(tmp_path, mode
             {"name": "seed_a", "prompts": PROMPTS[:3], "sampling": {**sample, "seed": 1234}},
             {"name": "seed_a_again", "prompts": PROMPTS[:3], "sampling": {**sample, "seed": 1234}},
             {"name": "seed_b", "prompts": PROMPTS[:3], "sampling": {**sample, "seed": 4321}}]
-    r = serve(tmp_path, models["llama"], jobs, enable_prefix_caching=True)
+    # In-process engine (the spawned engine and workers are tested with two devices).
+    r = serve(tmp_path, models["llama"], jobs, in_process=True, enable_prefix_caching=True)
     jobs = r["jobs"]
     expect = hf_greedy(models["llama"], PROMPTS + PREFIXED)
     assert jobs["batched"]["tokens"] == expect[:len(PROMPTS)]
@@ -214,10 +215,11 @@ def test_llama_greedy_batching_prefix_caching_and_seeded_sampling(tmp_path, mode
     _check_kv_cache(r["workers"], 1)
 
 
-# Pipeline parallel runs in `make ecosystem` (VLLM_TESTS_FULL=1): it keeps make test's stack checks
-# within their 5 minutes.
+# Pipeline parallel and `vllm serve` run in `make ecosystem` (VLLM_TESTS_FULL=1): they keep make
+# test's stack checks within their 5 minutes.
+FULL = os.environ.get("VLLM_TESTS_FULL") == "1"
 TWO_DEVICES = [pytest.param(2, 1, id="tensor_parallel_2")]
-if os.environ.get("VLLM_TESTS_FULL") == "1":
+if FULL:
     TWO_DEVICES.append(pytest.param(1, 2, id="pipeline_parallel_2"))
 
 
@@ -238,6 +240,7 @@ def test_qwen2_and_mixtral_greedy(tmp_path, models, kind):
     assert r["jobs"]["batched"]["tokens"] == hf_greedy(models[kind], PROMPTS)
 
 
+@pytest.mark.skipif(not FULL, reason="make ecosystem runs it (VLLM_TESTS_FULL=1)")
 def test_vllm_serve_openai_completions(tmp_path, models):
     """`vllm serve` (the OpenAI-compatible server) on neuron answers a completion with HF's tokens."""
     import socket
