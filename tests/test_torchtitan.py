@@ -150,16 +150,35 @@ def test_deepseek_v3_one_rank_equals_cpu(assets, tmp_path):
     assert neuron == titan("cpu", assets, tmp_path / "c", model="deepseek_v3", steps=STEPS - 1)
 
 
+def _zero_gate_biases(dcp_dir, out_dir):
+    """A copy of a DCP model checkpoint with every MoE router gate bias set to zero."""
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save, torch_save_to_dcp
+
+    flat = out_dir.with_suffix(".pt")
+    dcp_to_torch_save(str(dcp_dir), str(flat))
+    state = torch.load(flat)
+    biases = [k for k in state if k.endswith("router.gate.bias")]
+    assert biases, sorted(state)[:10]
+    for k in biases:
+        state[k] = torch.zeros_like(state[k])
+    assert all(v.isfinite().all() for v in state.values() if isinstance(v, torch.Tensor) and v.is_floating_point())
+    torch.save(state, flat)
+    torch_save_to_dcp(str(flat), str(out_dir))
+    return out_dir
+
+
 def test_gpt_oss_one_rank_equals_cpu(assets, tmp_path):
     # GPT-OSS: MoE with a biased router, FlexAttention with sinks and sliding windows (TorchTitan
     # compiles create_block_mask and flex_attention with the default backend: on neuron, the
     # neuron backend). TorchTitan 0.2.2 never initialises the router's gate bias (its
     # init_weights sets the weight only), so a run from scratch starts from whatever memory
-    # to_empty gave it; both runs start from one seed checkpoint instead (made on CPU).
+    # to_empty gave it (zeros from fresh pages, garbage or NaN from reused memory). Both runs start
+    # from one seed checkpoint (made on CPU) whose gate biases the test sets to zero.
     titan("cpu", assets, tmp_path / "seed", "--checkpoint.enable", "--checkpoint.create_seed_checkpoint",
           "--parallelism.data_parallel_shard_degree", "1", model="gpt_oss", steps=1)
-    args = ("--checkpoint.enable", "--checkpoint.initial_load_path", str(tmp_path / "seed" / "checkpoint" / "step-0"),
-            "--checkpoint.interval", "1000")
+    seed = _zero_gate_biases(tmp_path / "seed" / "checkpoint" / "step-0", tmp_path / "seed-defined")
+    args = ("--checkpoint.enable", "--checkpoint.initial_load_path", str(seed), "--checkpoint.interval", "1000")
     neuron = titan("neuron", assets, tmp_path / "n", *args, model="gpt_oss", steps=STEPS - 1)
     assert len(neuron) == STEPS - 1 and neuron[-1] < neuron[0]
     assert neuron == titan("cpu", assets, tmp_path / "c", *args, model="gpt_oss", steps=STEPS - 1)
