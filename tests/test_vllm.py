@@ -94,8 +94,10 @@ def test_slot_mapping_kernel(cp_world, cp_rank, interleave):
     assert slots.cpu().tolist() == expect + [-1] * 11
 
 
-def test_moe_experts_match_dense_reference():
-    """The MoE method's routing and sorted-by-expert GEMMs against every expert applied densely."""
+@pytest.mark.parametrize("scoring,renormalize,bias", [("softmax", True, False), ("softmax", False, False),
+                                                       ("sigmoid", True, True)])
+def test_moe_experts_match_per_token_reference(scoring, renormalize, bias):
+    """The MoE method's routing and sorted-by-expert GEMMs against a loop over tokens and their experts."""
     from torch_neuronx.vllm.moe import experts, route
 
     g = torch.Generator().manual_seed(0)
@@ -105,15 +107,95 @@ def test_moe_experts_match_dense_reference():
     w2 = torch.randn(num_experts, hidden, inter, generator=g) / 8
     logits = torch.randn(tokens, num_experts, generator=g)
     logits[:, 5] = -30  # an expert no token picks
-    weights, ids = route(logits.neuron(), top_k)
+    correction = torch.randn(num_experts, generator=g) if bias else None
+    weights, ids = route(logits.neuron(), top_k, scoring, renormalize,
+                         None if correction is None else correction.neuron())
     got = experts(x.neuron(), w13.neuron(), w2.neuron(), weights, ids).cpu()
-    probs = torch.softmax(logits, -1)
-    w, i = torch.topk(probs, top_k, -1)
-    w = w / w.sum(-1, keepdim=True)
-    dense = torch.stack([torch.nn.functional.silu(x @ w13[e, :inter].t()) * (x @ w13[e, inter:].t()) @ w2[e].t()
-                         for e in range(num_experts)], 1)  # [tokens, experts, hidden]
-    expect = (dense.gather(1, i.unsqueeze(-1).expand(-1, -1, hidden)) * w.unsqueeze(-1)).sum(1)
-    torch.testing.assert_close(got, expect, rtol=1e-5, atol=1e-5)
+    expect = torch.zeros(tokens, hidden)
+    for t in range(tokens):
+        scores = logits[t].softmax(-1) if scoring == "softmax" else logits[t].sigmoid()
+        choice = sorted(range(num_experts), key=lambda e: -float(scores[e] + (correction[e] if bias else 0)))[:top_k]
+        w = scores[choice]
+        if renormalize:
+            w = w / w.sum()
+        for e, we in zip(choice, w):
+            h = w13[e] @ x[t]
+            expect[t] += we * (w2[e] @ (torch.nn.functional.silu(h[:inter]) * h[inter:]))
+    torch.testing.assert_close(got, expect, rtol=1e-4, atol=1e-5)
+
+
+def test_moe_refuses_layers_it_cannot_run():
+    import types
+
+    from torch_neuronx.vllm.moe import NeuronUnquantizedFusedMoEMethod
+
+    layer = types.SimpleNamespace(use_grouped_topk=True, custom_routing_function=None, routed_scaling_factor=1.0,
+                                  local_num_experts=4, global_num_experts=4, swiglu_limit=7.0, w13_bias=torch.zeros(1))
+    method = object.__new__(NeuronUnquantizedFusedMoEMethod)
+    with pytest.raises(NotImplementedError, match="grouped top-k routing, expert biases, a SwiGLU limit"):
+        method.apply_monolithic(layer, torch.zeros(2, 4), torch.zeros(2, 4))
+
+
+@pytest.mark.parametrize("window,soft_cap", [(None, None), (6, None), (None, 5.0)],
+                         ids=["causal", "sliding_window", "soft_cap"])
+def test_paged_attention_matches_dense_reference(monkeypatch, window, soft_cap):
+    """The backend's step: new keys/values written by slot, then prefills (one after a cached
+    prefix, chunked) and batched decodes over the paged cache, against dense attention on CPU."""
+    import types
+
+    from torch_neuronx.vllm import attention as A
+
+    g = torch.Generator().manual_seed(0)
+    heads, kv_heads, hs, bs, num_blocks = 4, 2, 16, 4, 40
+    # (tokens already in the cache, new tokens): decodes, a first prefill, a chunk after a prefix.
+    reqs = [(9, 1), (0, 7), (13, 1), (5, 6), (2, 1)]
+    table = torch.randperm(num_blocks - 1, generator=g)[: 5 * 6].view(5, 6) + 1  # block 0 is vLLM's null block
+    cache = torch.zeros(num_blocks, kv_heads, bs, 2 * hs)
+    keys = [torch.randn(c + n, kv_heads, hs, generator=g) for c, n in reqs]
+    values = [torch.randn(c + n, kv_heads, hs, generator=g) for c, n in reqs]
+    for r, (c, _) in enumerate(reqs):  # the cached history, written as earlier steps would have
+        for p in range(c):
+            cache[table[r, p // bs], :, p % bs] = torch.cat([keys[r][p], values[r][p]], -1)
+    qsl, slots, new_k, new_v = [0], [], [], []
+    for r, (c, n) in enumerate(reqs):
+        qsl.append(qsl[-1] + n)
+        slots += [int(table[r, p // bs]) * bs + p % bs for p in range(c, c + n)]
+        new_k.append(keys[r][c:])
+        new_v.append(values[r][c:])
+    total = qsl[-1]
+    query = torch.randn(total, heads * hs, generator=g)
+    seq = torch.tensor([c + n for c, n in reqs], dtype=torch.int32)
+    cm = types.SimpleNamespace(num_reqs=5, num_actual_tokens=total, query_start_loc_cpu=torch.tensor(qsl),
+                               seq_lens_cpu_upper_bound=seq, seq_lens=seq.neuron(),
+                               slot_mapping=torch.tensor(slots + [-1, -1]).neuron(),
+                               block_table_tensor=table.int().neuron())
+    builder = object.__new__(A.NeuronAttentionMetadataBuilder)
+    builder.block_size = bs
+    md = builder.build(0, cm)
+    assert md.decode_rows.tolist() == [qsl[0], qsl[2], qsl[4]] and len(md.prefills) == 2
+    impl = A.NeuronAttentionImpl(heads, hs, 0.25, kv_heads, sliding_window=window, kv_cache_dtype="auto",
+                                 logits_soft_cap=soft_cap)
+    monkeypatch.setattr(A, "_metadata_for", lambda layer: md)
+    kv = cache.neuron()
+    pad = torch.zeros(2, kv_heads * hs)
+    impl.do_kv_cache_update(None, torch.cat(new_k + [pad.view(2, kv_heads, hs)]).neuron(),
+                            torch.cat(new_v + [pad.view(2, kv_heads, hs)]).neuron(), kv, cm.slot_mapping)
+    out = torch.full((total + 2, heads * hs), 7.0).neuron()
+    impl.forward(None, torch.cat([query, torch.zeros(2, heads * hs)]).neuron(), None, None, kv, md, out)
+    out = out.cpu()
+    assert torch.equal(out[total:], torch.full((2, heads * hs), 7.0))  # padding rows untouched
+    for r, (c, n) in enumerate(reqs):
+        q = query[qsl[r]:qsl[r + 1]].view(n, heads, hs).transpose(0, 1)
+        k = keys[r].transpose(0, 1).repeat_interleave(heads // kv_heads, 0)
+        v = values[r].transpose(0, 1).repeat_interleave(heads // kv_heads, 0)
+        dist = torch.arange(c, c + n).view(-1, 1) - torch.arange(c + n).view(1, -1)
+        visible = (dist >= 0) & (dist < (window or 1 << 30))
+        scores = q @ k.transpose(1, 2) * 0.25
+        if soft_cap:
+            scores = torch.tanh(scores / soft_cap) * soft_cap
+        expect = torch.softmax(scores.masked_fill(~visible, float("-inf")), -1) @ v
+        torch.testing.assert_close(out[qsl[r]:qsl[r + 1]], expect.transpose(0, 1).reshape(n, -1),
+                                   rtol=1e-5, atol=1e-5)
 
 
 def test_unsupported_requests_raise_clear_errors():
@@ -126,6 +208,8 @@ def test_unsupported_requests_raise_clear_errors():
         NeuronPlatform.check_if_supports_dtype(torch.int8)
     with pytest.raises(NotImplementedError, match="ALiBi"):
         NeuronAttentionImpl(4, 16, 0.25, alibi_slopes=[1.0] * 4)
+    with pytest.raises(NotImplementedError, match="attention sinks, KV cache dtype fp8"):
+        NeuronAttentionImpl(4, 16, 0.25, kv_cache_dtype="fp8", sinks=torch.zeros(4))
 
 
 def _save(kind, path):

@@ -55,7 +55,8 @@ class _Prefill:
     query: slice            # this request's rows of the step's query
     blocks: torch.Tensor    # [num_blocks] its cache blocks, on the device
     seq_len: int
-    mask: torch.Tensor      # [query_len, seq_len] bool, True where a key is visible
+    mask: torch.Tensor      # [query_len, seq_len] bool, True where a key is visible (causal)
+    distance: torch.Tensor  # [query_len, seq_len] query position - key position (sliding windows)
 
 
 @dataclass
@@ -66,22 +67,19 @@ class NeuronAttentionMetadata:
     decode_rows: torch.Tensor | None       # [D] long
     decode_blocks: torch.Tensor | None     # [D, max_blocks]
     decode_mask: torch.Tensor | None       # [D, 1, 1, max_blocks * block_size] bool
+    decode_distance: torch.Tensor | None   # [D, 1, 1, max_blocks * block_size]
     prefills: list
 
 
 class NeuronAttentionMetadataBuilder(AttentionMetadataBuilder[NeuronAttentionMetadata]):
-    """Builds one step's attention metadata from vLLM's common metadata (host lists → device masks)."""
+    """Builds one step's attention metadata from vLLM's common metadata (host lists → device masks).
+
+    The masks are causal; each layer applies its own sliding window (layers of one KV-cache group
+    can differ: vLLM gives windowed and global layers one group when the hybrid cache is off)."""
 
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         self.block_size = kv_cache_spec.block_size
-        self.sliding_window = getattr(kv_cache_spec, "sliding_window", None)
-
-    def _visible(self, qpos: torch.Tensor, kpos: torch.Tensor, seq_len) -> torch.Tensor:
-        mask = (kpos <= qpos) & (kpos < seq_len)
-        if self.sliding_window is not None:
-            mask &= kpos > qpos - self.sliding_window
-        return mask
 
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
               fast_build: bool = False) -> NeuronAttentionMetadata:
@@ -98,7 +96,7 @@ class NeuronAttentionMetadataBuilder(AttentionMetadataBuilder[NeuronAttentionMet
                 decodes.append(i)
             elif ql > 1:
                 prefills.append(i)
-        md = NeuronAttentionMetadata(cm.num_actual_tokens, cm.slot_mapping, None, None, None, [])
+        md = NeuronAttentionMetadata(cm.num_actual_tokens, cm.slot_mapping, None, None, None, None, [])
         dev = cm.block_table_tensor.device
         if decodes:
             nb = max((seq[i] + bs - 1) // bs for i in decodes)
@@ -106,17 +104,17 @@ class NeuronAttentionMetadataBuilder(AttentionMetadataBuilder[NeuronAttentionMet
             rows = torch.tensor([qsl[i] for i in decodes], dtype=torch.long)
             seqlens = torch.tensor([seq[i] for i in decodes], dtype=torch.long).view(-1, 1)
             kpos = torch.arange(nb * bs).view(1, -1)
-            mask = self._visible(seqlens - 1, kpos, seqlens).view(len(decodes), 1, 1, -1)
+            distance = seqlens - 1 - kpos
             md.decode_rows = rows.to(dev)
             md.decode_blocks = cm.block_table_tensor[idx.to(dev), :nb].long()
-            md.decode_mask = mask.to(dev)
+            md.decode_mask = (distance >= 0).view(len(decodes), 1, 1, -1).to(dev)
+            md.decode_distance = distance.view(len(decodes), 1, 1, -1).to(dev)
         for i in prefills:
             ql, sl = qsl[i + 1] - qsl[i], seq[i]
             nb = (sl + bs - 1) // bs
-            qpos = torch.arange(sl - ql, sl).view(-1, 1)
-            kpos = torch.arange(sl).view(1, -1)
+            distance = (torch.arange(sl - ql, sl).view(-1, 1) - torch.arange(sl).view(1, -1)).to(dev)
             md.prefills.append(_Prefill(slice(qsl[i], qsl[i + 1]), cm.block_table_tensor[i, :nb].long(), sl,
-                                        self._visible(qpos, kpos, sl).to(dev)))
+                                        distance >= 0, distance))
         return md
 
 
@@ -133,28 +131,41 @@ class NeuronAttentionImpl(AttentionImpl):
     def __init__(self, num_heads, head_size, scale, num_kv_heads=None, alibi_slopes=None, sliding_window=None,
                  kv_cache_dtype="auto", logits_soft_cap=None, attn_type=AttentionType.DECODER,
                  kv_sharing_target_layer_name=None, **kwargs):
-        if alibi_slopes is not None:
-            raise NotImplementedError("ALiBi attention is not supported by the neuron vLLM backend")
-        if attn_type != AttentionType.DECODER:
-            raise NotImplementedError(f"attention type {attn_type} is not supported by the neuron vLLM backend")
+        unsupported = [what for what, bad in (
+            ("ALiBi", alibi_slopes is not None),
+            (f"attention type {attn_type}", attn_type != AttentionType.DECODER),
+            ("attention sinks", kwargs.get("sinks") is not None),
+            (f"KV cache dtype {kv_cache_dtype}", kv_cache_dtype not in NeuronAttentionBackend.supported_kv_cache_dtypes),
+            ("a value head size other than the key head size", kwargs.get("head_size_v") not in (None, head_size)),
+        ) if bad]
+        if unsupported:
+            raise NotImplementedError("the neuron vLLM attention backend does not support " + ", ".join(unsupported))
         self.num_heads = num_heads
         self.head_size = head_size
         self.scale = float(scale)
         self.num_kv_heads = num_kv_heads or num_heads
         self.kv_cache_dtype = kv_cache_dtype
         self.logits_soft_cap = logits_soft_cap or None
+        self.sliding_window = sliding_window  # keys at distance < window are visible (vLLM's (W-1, 0))
         self.attn_type = attn_type
         self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
 
     def do_kv_cache_update(self, layer, key, value, kv_cache, slot_mapping):
         md = _metadata_for(layer)
-        n = slot_mapping.shape[0] if md is None else min(md.num_actual_tokens, slot_mapping.shape[0])
+        if md is None:  # profile and dummy runs: nothing to keep (their slots are padding, -1)
+            return
+        # Rows past num_actual_tokens are padding with slot -1 (data parallelism, whose batches
+        # are padded across ranks, is refused by the platform).
+        n = min(md.num_actual_tokens, slot_mapping.shape[0])
         block_size = kv_cache.shape[2]
         slots = slot_mapping[:n]
         blk, off = slots // block_size, slots % block_size
         hs = self.head_size
         kv_cache[blk, :, off, :hs] = key[:n].to(kv_cache.dtype)
         kv_cache[blk, :, off, hs:] = value[:n].to(kv_cache.dtype)
+
+    def _mask(self, causal, distance):
+        return causal if self.sliding_window is None else causal & (distance < self.sliding_window)
 
     def _attend(self, q, k, v, mask):
         # q [..., heads, q_len, hs]; k, v [..., kv_heads, k_len, hs]; GQA by repeating kv heads.
@@ -183,12 +194,12 @@ class NeuronAttentionImpl(AttentionImpl):
             kv = kv_cache[md.decode_blocks.reshape(-1)].view(d, nb, kv_heads, block_size, -1)
             kv = kv.permute(0, 2, 1, 3, 4).reshape(d, kv_heads, nb * block_size, -1).to(query.dtype)
             q = query[md.decode_rows].unsqueeze(2)                   # [D, heads, 1, hs]
-            o = self._attend(q, kv[..., :hs], kv[..., hs:], md.decode_mask)
+            o = self._attend(q, kv[..., :hs], kv[..., hs:], self._mask(md.decode_mask, md.decode_distance))
             out[md.decode_rows] = o.squeeze(2).to(out.dtype)
         for p in md.prefills:
             kv = kv_cache[p.blocks]                                  # [nb, kv_heads, bs, 2hs]
             kv = kv.permute(1, 0, 2, 3).reshape(kv_heads, -1, 2 * hs)[:, : p.seq_len].to(query.dtype)
             q = query[p.query].transpose(0, 1)                       # [heads, q_len, hs]
-            o = self._attend(q, kv[..., :hs], kv[..., hs:], p.mask)
+            o = self._attend(q, kv[..., :hs], kv[..., hs:], self._mask(p.mask, p.distance))
             out[p.query] = o.transpose(0, 1).to(out.dtype)
         return output

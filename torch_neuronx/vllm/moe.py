@@ -72,6 +72,11 @@ class NeuronUnquantizedFusedMoEMethod(UnquantizedFusedMoEMethod):
             ("router weights applied on the input", getattr(layer, "apply_router_weight_on_input", False)),
             ("routed_scaling_factor != 1", getattr(layer, "routed_scaling_factor", 1.0) not in (None, 1.0)),
             ("expert parallelism", getattr(layer, "local_num_experts", 0) != getattr(layer, "global_num_experts", 0)),
+            ("expert biases", getattr(layer, "w13_bias", None) is not None or getattr(layer, "w2_bias", None) is not None),
+            ("a SwiGLU limit", getattr(layer, "swiglu_limit", None) is not None),
+            ("fused shared experts",
+             getattr(getattr(layer, "expert_map_manager", None), "num_fused_shared_experts", 0) != 0),
+            ("a routing sink", getattr(layer, "routing_sink", None) is not None),
         ) if bad]
         act = _GATED.get(getattr(layer, "activation", MoEActivation.SILU))
         if act is None:

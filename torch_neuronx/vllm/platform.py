@@ -63,10 +63,17 @@ class NeuronPlatform(Platform):
     def get_attn_backend_cls(cls, selected_backend, attn_selector_config, num_heads=None) -> str:
         from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
 
+        from .attention import NeuronAttentionBackend
+
         path = f"{_PKG}.attention.NeuronAttentionBackend"
         if selected_backend is not None and selected_backend not in (AttentionBackendEnum.CUSTOM,):
             logger.warning("attention backend %s is not available on neuron; using %s",
                            selected_backend.name, path)
+        reasons = NeuronAttentionBackend.validate_configuration(
+            **attn_selector_config._asdict(), device_capability=cls.get_device_capability())
+        if reasons:
+            raise ValueError(f"the neuron vLLM attention backend cannot run this model's attention: "
+                             f"{', '.join(reasons)} ({attn_selector_config})")
         register_backend(AttentionBackendEnum.CUSTOM, path)
         return path
 
@@ -109,6 +116,10 @@ class NeuronPlatform(Platform):
         # JIT warm-up compiles Triton kernels.
         vllm_config.kernel_config.enable_jit_warmup = False
         parallel = vllm_config.parallel_config
+        if parallel.data_parallel_size > 1:
+            # Replicas would need device offsets and padded-batch handling the worker lacks.
+            raise ValueError("data parallelism (data_parallel_size > 1) is not supported on neuron; "
+                             "use tensor or pipeline parallelism")
         if parallel.worker_cls == "auto":
             parallel.worker_cls = f"{_PKG}.worker.NeuronWorker"
         # An initialised device cannot be forked (its engine threads do not survive fork).

@@ -10,6 +10,7 @@ from contextlib import nullcontext
 import torch
 from vllm.logger import init_logger
 from vllm.platforms import current_platform
+from vllm.utils.gc_utils import freeze_gc_heap
 from vllm.utils.torch_utils import set_random_seed
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 from vllm.v1.worker.gpu_worker import Worker, init_worker_distributed_environment
@@ -50,6 +51,13 @@ class NeuronWorker(Worker):
     """One vLLM worker process on one ``neuron`` device (``neuron:<local_rank>``)."""
 
     def init_device(self):
+        if self.use_v2_model_runner:
+            raise ValueError("vLLM's V2 model runner (VLLM_USE_V2_MODEL_RUNNER=1) is Triton-only; the neuron "
+                             "worker runs the V1 model runner")
+        if self.local_rank >= torch.neuron.device_count():
+            raise ValueError(f"worker {self.local_rank} needs neuron:{self.local_rank}, but "
+                             f"{torch.neuron.device_count()} neuron devices are visible (TORCH_NEURONX_SIM_CORES "
+                             "sets how many the simulated device has)")
         self.device = torch.device(f"neuron:{self.local_rank}")
         torch.neuron.set_device(self.device)
         current_platform.check_if_supports_dtype(self.model_config.dtype)
@@ -75,8 +83,8 @@ class NeuronWorker(Worker):
     def compile_or_warm_up_model(self):
         # vLLM's version also runs its kernel warm-ups, which import model-specific CUDA/Triton
         # code (and torchvision); neuron has no CUDA graphs to capture. What is left: the
-        # sampler warm-up at the largest batch (it allocates the sampling buffers once) and the
-        # seed reset after profiling.
+        # sampler warm-up at the largest batch (it allocates the sampling buffers once), LoRA
+        # clean-up, the seed reset after profiling and the GC freeze.
         from vllm.config import CUDAGraphMode
         from vllm.distributed.parallel_state import get_pp_group
         from vllm.v1.worker.worker_base import CompilationTimes
@@ -90,5 +98,7 @@ class NeuronWorker(Worker):
                 runner._dummy_pooler_run(hidden)
             else:
                 runner._dummy_sampler_run(hidden_states=last_hidden)
+        runner.maybe_remove_all_loras(runner.lora_config)
         set_random_seed(self.model_config.seed, self.parallel_config.data_parallel_index)
+        freeze_gc_heap()  # as vLLM: the collector no longer scans weights and caches
         return CompilationTimes(language_model=0.0, encoder=0.0)
