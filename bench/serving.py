@@ -4,7 +4,8 @@ vLLM's own CPU platform needs vLLM's CPU build (its `vllm._C`), which is not on 
 be installed next to the CUDA wheel this project pins, so the baseline is the same model and
 requests through `transformers` on CPU (one padded batch, greedy, KV cache, float32). Both
 generate the same number of tokens; vLLM's figure is the second of two identical `generate`
-calls in one engine (the first warms it up), run in a fresh process as the tests do.
+calls in one engine (the first warms it up), run in a fresh process as the tests do. It exits
+non-zero unless every request's tokens equal HF's.
 
     python bench/serving.py [--layers 12] [--hidden 768] [--requests 16] [--prompt 128] [--new 32]
 """
@@ -73,6 +74,8 @@ def main():
     print(f"| HF `generate`, CPU | {hf_s:.2f} | {tokens / hf_s:.0f} | 1.00 |")
     print(f"| vLLM on neuron | {vllm_s:.2f} | {tokens / vllm_s:.0f} | {hf_s / vllm_s:.2f} |")
     print(f"requests with tokens equal to HF's: {same}/{args.requests}")
+    if same != args.requests:  # make ecosystem's check of vLLM at this size
+        sys.exit(f"vLLM on neuron generated other tokens than HF for {args.requests - same} requests")
 
 
 if __name__ == "__main__":
