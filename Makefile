@@ -146,6 +146,7 @@ bench: build
 	$(PYTHON) bench/report.py bench/results/$$(date -u +%F).json
 	$(PYTHON) bench/collectives.py --gloo-path --control --docs
 	$(PYTHON) bench/compile.py --docs
+	$(PYTHON) bench/flex_attention.py --docs
 
 # Smoke test of the harness (tiny sizes, no thresholds); the report goes to a temp dir.
 bench-quick: build
@@ -154,6 +155,7 @@ bench-quick: build
 	$(PYTHON) bench/report.py $$(tail -1 /tmp/neuronx-bench-quick.log | sed 's/^wrote //') --out-dir $$(mktemp -d)
 	$(PYTHON) bench/collectives.py --quick --out $$(mktemp -d)/collectives.json
 	$(PYTHON) bench/compile.py --quick
+	$(PYTHON) bench/flex_attention.py --quick
 
 clean:
 	rm -rf build build-rt torch_neuronx/_C*.so *.egg-info

@@ -1,4 +1,5 @@
-"""Shared by the test files: the environment a fresh process should start from."""
+"""Shared by the test files: the environment a fresh process should start from, and the setup of
+the compiled tier's tests."""
 import os
 
 # Settings of the device and the backend that a test's own environment must not leak into a
@@ -22,3 +23,21 @@ def fresh_large_size(device, at_least=32 << 20):
             if b["state"] != "active_allocated"]
     n = max(at_least, max(free, default=0) + (2 << 20))
     return (n + (2 << 20) - 1) // (2 << 20) * (2 << 20)
+
+
+def compiled_tier_test(tmp_path_factory, monkeypatch, request):
+    """The body of the compiled tier's autouse fixture (``yield from`` it): a private kernel
+    cache, Dynamo and the compile metrics reset, and afterwards a failure if a graph fell back to
+    eager, unless the test is marked ``runs_eagerly``."""
+    import torch
+
+    from torch_neuronx.compile import compile_metrics, reset_compile_metrics
+
+    monkeypatch.setenv("TORCH_NEURONX_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "nx-cache"))
+    torch._dynamo.reset()
+    reset_compile_metrics()
+    yield
+    if request.node.get_closest_marker("runs_eagerly") is None:
+        m = compile_metrics()
+        assert m["eager_graphs"] == 0, f"graphs ran eagerly: {m['eager_reasons']}"
+    torch._dynamo.reset()

@@ -17,6 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import torch_neuronx  # noqa: F401
+from helpers import compiled_tier_test
 from torch_neuronx.compile import compile_metrics, reset_compile_metrics
 
 from torch_neuronx.testing.models import BertEncoder, NanoGPT, ResNet18
@@ -28,16 +29,9 @@ JOB = ROOT / "tests" / "compile" / "cache_job.py"
 
 @pytest.fixture(autouse=True)
 def fresh(tmp_path_factory, monkeypatch, request):
-    monkeypatch.setenv("TORCH_NEURONX_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "nx-cache"))
-    torch._dynamo.reset()
-    reset_compile_metrics()
-    yield
     # Every test here is about the compiled tier: a graph that fell back to eager is a failure
     # unless the test says it is about that.
-    if request.node.get_closest_marker("runs_eagerly") is None:
-        m = compile_metrics()
-        assert m["eager_graphs"] == 0, f"graphs ran eagerly: {m['eager_reasons']}"
-    torch._dynamo.reset()
+    yield from compiled_tier_test(tmp_path_factory, monkeypatch, request)
 
 
 class TinyNet(nn.Module):

@@ -20,11 +20,13 @@ def test_every_aten_entry_names_a_registered_operator():
     assert len(set(targets)) == len(targets)
     for e in table:
         t = e["target"]
-        if not t.startswith("aten::"):
+        if "::" not in t:
             assert e["scalar"] or t in SCALAR_OPS_FROM_SIZES, t
             continue
-        name, _, overload = t[len("aten::"):].partition(".")
-        packet = getattr(torch.ops.aten, name)  # raises if the op does not exist
+        namespace, _, rest = t.partition("::")
+        assert namespace in ("aten", "neuronx"), t
+        name, _, overload = rest.partition(".")
+        packet = getattr(getattr(torch.ops, namespace), name)  # raises if the op does not exist
         assert (overload or "default") in packet.overloads(), t
 
 
@@ -43,6 +45,16 @@ def test_kinds_are_consistent():
     assert by_target["aten::_unsafe_view"]["reshape_view"] and by_target["aten::view"]["reshape_view"]
     assert by_target["aten::histc"]["not_lowered"] == "neuron_kernel_for_integral_input"
     assert by_target["aten::add.Tensor"]["pointwise"] and not by_target["aten::add.Tensor"]["keep_whole"]
+    # Scalar programs (FlexAttention's mods): every pointwise lowering, plus comparisons, logic,
+    # selection, casts, buffer reads and constants that fused loops do not take.
+    for e in by_target.values():
+        if e["pointwise"] and e["target"] != "aten::gelu":
+            assert e["program_form"] == "arithmetic", e
+    assert by_target["aten::ge.Tensor"]["program_form"] == "compare" and not by_target["aten::ge.Tensor"]["pointwise"]
+    assert by_target["aten::index.Tensor"]["program_form"] == "gather"
+    assert by_target["aten::where.self"]["program_form"] == "select"
+    assert by_target["aten::full"]["program_form"] == "fill"
+    assert by_target["neuronx::flex_attention"]["flex_attention"] and by_target["neuronx::flex_attention_backward"]["flex_attention"]
 
 
 def test_decompositions_leave_the_keep_whole_ops_whole():

@@ -171,7 +171,8 @@ def _zero_gate_biases(dcp_dir, out_dir):
 def test_gpt_oss_one_rank_equals_cpu(assets, tmp_path):
     # GPT-OSS: MoE with a biased router, FlexAttention with sinks and sliding windows (TorchTitan
     # compiles create_block_mask and flex_attention with the default backend: on neuron, the
-    # neuron backend). TorchTitan 0.2.2 never initialises the router's gate bias (its
+    # neuron backend, whose generated FlexAttention kernels round otherwise than CPU's dense
+    # implementation, hence a relative tolerance as for compiled Llama). TorchTitan 0.2.2 never initialises the router's gate bias (its
     # init_weights sets the weight only), so a run from scratch starts from whatever memory
     # to_empty gave it (zeros from fresh pages, garbage or NaN from reused memory). Both runs start
     # from one seed checkpoint (made on CPU) whose gate biases the test sets to zero.
@@ -181,4 +182,5 @@ def test_gpt_oss_one_rank_equals_cpu(assets, tmp_path):
     args = ("--checkpoint.enable", "--checkpoint.initial_load_path", str(seed), "--checkpoint.interval", "1000")
     neuron = titan("neuron", assets, tmp_path / "n", *args, model="gpt_oss", steps=STEPS - 1)
     assert len(neuron) == STEPS - 1 and neuron[-1] < neuron[0]
-    assert neuron == titan("cpu", assets, tmp_path / "c", *args, model="gpt_oss", steps=STEPS - 1)
+    assert neuron == pytest.approx(titan("cpu", assets, tmp_path / "c", *args, model="gpt_oss", steps=STEPS - 1),
+                                   rel=1e-4)

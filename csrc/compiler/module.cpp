@@ -185,6 +185,7 @@ void bind(py::module& parent) {
     static const char* reductions[] = {"", "softmax", "log_softmax", "layer_norm"};
     static const char* gemms[] = {"", "mm", "addmm", "convolution"};
     static const char* not_lowered[] = {"cpu_kernel", "neuron_kernel", "neuron_kernel_for_integral_input"};
+    static const char* program_forms[] = {"", "arithmetic", "compare", "select", "gather", "cast", "fill"};
     py::list out;
     for (const OpInfo& i : op_table()) {
       if (i.id == OpId::kOther) continue;
@@ -201,6 +202,8 @@ void bind(py::module& parent) {
       d["eager_exact"] = i.eager_exact;
       d["eager_exact_bf16"] = i.eager_exact_bf16;
       d["scalar"] = static_cast<bool>(i.scalar);
+      d["program_form"] = program_forms[static_cast<int>(i.program_form)];
+      d["flex_attention"] = i.flex_attention;
       out.append(d);
     }
     return out;

@@ -34,6 +34,19 @@ OpInfo pointwise(OpId id, const char* target, int operands, Expr expr, Expr vexp
   i.operands = operands;
   i.expr = std::move(expr);
   i.vexpr = std::move(vexpr);
+  i.program_form = ProgramForm::kArithmetic;
+  i.program_operands = operands;
+  return i;
+}
+
+// An op of scalar programs only (no fused-loop lowering: `operands` stays 0).
+OpInfo program_op(OpId id, const char* target, ProgramForm form, int operands, Expr expr) {
+  OpInfo i;
+  i.id = id;
+  i.target = target;
+  i.expr = std::move(expr);
+  i.program_form = form;
+  i.program_operands = operands;
   return i;
 }
 
@@ -249,11 +262,73 @@ void add_scalar_ops(Table& t) {
   put(compare(OpId::kGe, "ge", [](double a, double b) { return a >= b; }));
 }
 
+// Comparisons, logic, selection, casts and buffer reads of scalar programs (FlexAttention's mods).
+void add_program_ops(Table& t) {
+  auto put = [&](OpInfo i) { set_entry(t, std::move(i)); };
+  auto identity = [](auto& o) { return "(" + o[0] + ")"; };
+  for (auto [id, target, op] : std::initializer_list<std::tuple<OpId, const char*, const char*>>{
+           {OpId::kEqTensor, "aten::eq.Tensor", "=="}, {OpId::kEqScalar, "aten::eq.Scalar", "=="},
+           {OpId::kNeTensor, "aten::ne.Tensor", "!="}, {OpId::kNeScalar, "aten::ne.Scalar", "!="},
+           {OpId::kLtTensor, "aten::lt.Tensor", "<"}, {OpId::kLtScalar, "aten::lt.Scalar", "<"},
+           {OpId::kLeTensor, "aten::le.Tensor", "<="}, {OpId::kLeScalar, "aten::le.Scalar", "<="},
+           {OpId::kGtTensor, "aten::gt.Tensor", ">"}, {OpId::kGtScalar, "aten::gt.Scalar", ">"},
+           {OpId::kGeTensor, "aten::ge.Tensor", ">="}, {OpId::kGeScalar, "aten::ge.Scalar", ">="},
+           {OpId::kBitwiseAnd, "aten::bitwise_and.Tensor", "&"}, {OpId::kBitwiseAndScalar, "aten::bitwise_and.Scalar", "&"},
+           {OpId::kBitwiseOr, "aten::bitwise_or.Tensor", "|"}, {OpId::kBitwiseOrScalar, "aten::bitwise_or.Scalar", "|"},
+           {OpId::kBitwiseXor, "aten::bitwise_xor.Tensor", "^"}})
+    put(program_op(id, target, ProgramForm::kCompare, 2, bin(op)));
+  put(program_op(OpId::kBitwiseNot, "aten::bitwise_not", ProgramForm::kCompare, 1, fn("nx_bitwise_not")));
+  put(program_op(OpId::kLogicalAnd, "aten::logical_and", ProgramForm::kCompare, 2,
+                 [](auto& o) { return "(static_cast<bool>(" + o[0] + ") && static_cast<bool>(" + o[1] + "))"; }));
+  put(program_op(OpId::kLogicalOr, "aten::logical_or", ProgramForm::kCompare, 2,
+                 [](auto& o) { return "(static_cast<bool>(" + o[0] + ") || static_cast<bool>(" + o[1] + "))"; }));
+  put(program_op(OpId::kLogicalNot, "aten::logical_not", ProgramForm::kCompare, 1,
+                 [](auto& o) { return "(!static_cast<bool>(" + o[0] + "))"; }));
+  put(program_op(OpId::kWhere, "aten::where.self", ProgramForm::kSelect, 3,
+                 [](auto& o) { return "(" + o[0] + " ? " + o[1] + " : " + o[2] + ")"; }));
+  put(program_op(OpId::kRsubScalar, "aten::rsub.Scalar", ProgramForm::kArithmetic, 3,
+                 [](auto& o) { return "(" + o[1] + " - " + o[2] + " * " + o[0] + ")"; }));
+  put(program_op(OpId::kFloorDivide, "aten::floor_divide", ProgramForm::kArithmetic, 2,
+                 [](auto& o) { return "nx_floor_divide(" + o[0] + ", " + o[1] + ")"; }));
+  for (auto [id, target] : {std::pair{OpId::kRemainder, "aten::remainder.Tensor"},
+                            std::pair{OpId::kRemainderScalar, "aten::remainder.Scalar"}})
+    put(program_op(id, target, ProgramForm::kArithmetic, 2,
+                   [](auto& o) { return "nx_remainder(" + o[0] + ", " + o[1] + ")"; }));
+  // index.Tensor(buffer, [i, j, ...]): the program's generator reads the buffer (expr gets the
+  // buffer's accessor, then the indices).
+  put(program_op(OpId::kIndexTensor, "aten::index.Tensor", ProgramForm::kGather, 2, [](auto& o) {
+    std::string e = o[0] + "(";
+    for (size_t k = 1; k < o.size(); ++k) e += (k > 1 ? ", " : "") + o[k];
+    return e + ")";
+  }));
+  for (auto [id, target] : {std::pair{OpId::kToCopy, "aten::_to_copy"}, std::pair{OpId::kClone, "aten::clone"},
+                            std::pair{OpId::kAlias, "aten::alias"}, std::pair{OpId::kDetach, "aten::detach"},
+                            std::pair{OpId::kLiftFreshCopy, "aten::lift_fresh_copy"}})
+    put(program_op(id, target, ProgramForm::kCast, 1, identity));
+  // 0-d constants (FlexAttention's default mask_mod is full([], True)).
+  for (auto [id, target, arg] : {std::tuple{OpId::kFull, "aten::full", 1}, std::tuple{OpId::kScalarTensor, "aten::scalar_tensor", 0}}) {
+    OpInfo i = program_op(id, target, ProgramForm::kFill, 0, identity);
+    i.fill_arg = arg;
+    put(std::move(i));
+  }
+  for (auto [id, target, value] : {std::tuple{OpId::kOnes, "aten::ones", "1"}, std::tuple{OpId::kNewOnes, "aten::new_ones", "1"},
+                                   std::tuple{OpId::kZeros, "aten::zeros", "0"}, std::tuple{OpId::kNewZeros, "aten::new_zeros", "0"}})
+    put(program_op(id, target, ProgramForm::kFill, 0, [value](auto&) { return std::string(value); }));
+  // The flex_attention higher-order ops, exported as these (flex_attention.h).
+  for (auto [id, target] : {std::pair{OpId::kFlexAttention, "neuronx::flex_attention"},
+                            std::pair{OpId::kFlexAttentionBackward, "neuronx::flex_attention_backward"}}) {
+    OpInfo i = plain(id, target);
+    i.flex_attention = true;
+    put(std::move(i));
+  }
+}
+
 Table build() {
   Table t(static_cast<size_t>(OpId::kCount));
   add_pointwise(t);
   add_library_ops(t);
   add_scalar_ops(t);
+  add_program_ops(t);
   for (size_t i = 1; i < t.size(); ++i)
     TORCH_INTERNAL_ASSERT(t[i].id == static_cast<OpId>(i), "op table: OpId ", i, " has no entry");
   return t;

@@ -38,6 +38,14 @@ enum class OpId : uint8_t {
   kSymSize, kSymStride, kSymNumel, kScalarAdd, kScalarSub, kScalarMul, kScalarTrueDiv, kScalarFloorDiv, kScalarMod,
   kScalarNeg, kScalarPow, kSymFloat, kSymInt, kTrunc, kFloor, kCeil, kScalarSqrt, kSymMax, kSymMin, kSymSum, kEq, kNe, kLt,
   kLe, kGt, kGe,
+  // Elementwise ops only scalar programs use (FlexAttention's score and mask mods, evaluated per
+  // element over typed C++ scalars; see program_form).
+  kEqTensor, kEqScalar, kNeTensor, kNeScalar, kLtTensor, kLtScalar, kLeTensor, kLeScalar, kGtTensor, kGtScalar,
+  kGeTensor, kGeScalar, kBitwiseAnd, kBitwiseAndScalar, kBitwiseOr, kBitwiseOrScalar, kBitwiseXor, kBitwiseNot,
+  kLogicalAnd, kLogicalOr, kLogicalNot, kWhere, kRsubScalar, kFloorDivide, kRemainder, kRemainderScalar, kIndexTensor,
+  kToCopy, kClone, kAlias, kDetach, kLiftFreshCopy, kFull, kScalarTensor, kOnes, kNewOnes, kZeros, kNewZeros,
+  // FlexAttention, lowered to a generated kernel with its mods inlined (flex_attention.h).
+  kFlexAttention, kFlexAttentionBackward,
   kCount
 };
 
@@ -47,6 +55,12 @@ using Expr = std::function<std::string(const std::vector<std::string>&)>;
 using ScalarFn = std::function<c10::IValue(const std::vector<c10::IValue>&)>;
 
 enum class Reduction : uint8_t { kNone, kSoftmax, kLogSoftmax, kLayerNorm };
+// How a scalar program (scalar_program.h) evaluates the op on typed C++ scalars: kArithmetic
+// casts its operands to the result type first (int / int is a true division when the result is
+// floating point); kCompare takes them as they are (C++ promotes as torch does); kSelect is
+// where(cond, a, b); kGather reads a captured buffer at the index operands; kCast is a copy to
+// the result type; kFill a 0-d constant (expr over args[fill_arg], or over nothing).
+enum class ProgramForm : uint8_t { kNone, kArithmetic, kCompare, kSelect, kGather, kCast, kFill };
 enum class Gemm : uint8_t { kNone, kMm, kAddmm, kConvolution };
 // How a node runs when it is not lowered: ATen's CPU kernel on the device's
 // memory, or our neuron kernel (written against ATen ops) on the CPU views.
@@ -74,6 +88,12 @@ struct OpInfo {
   bool eager_exact = false;
   bool eager_exact_bf16 = false;  // ...also in bfloat16 (each result rounded to bfloat16)
   int exact_if_one = -1;       // ...when this operand (add/sub's alpha) is 1
+  // Scalar programs: the form, and how many leading args are operands of `expr`.
+  ProgramForm program_form = ProgramForm::kNone;
+  int program_operands = 0;
+  int fill_arg = -1;  // kFill: the argument holding the value
+  // A FlexAttention op the compiler builds a generated kernel for (flex_attention.h).
+  bool flex_attention = false;
   bool pointwise() const { return operands > 0 || id == OpId::kGelu; }
 };
 

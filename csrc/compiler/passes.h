@@ -10,10 +10,11 @@ namespace neuronx::compiler {
 // What the passes did, listed once (exported under these names, summed by compile_metrics()):
 // constants_folded by the executable, when it is built; fused_row_groups: groups around a row
 // reduction; gemms: mm/addmm run as oneDNN matmuls and convolutions run with their epilogue
-// (epilogue_fusion.h); epilogues: pointwise ops fused into both.
+// (epilogue_fusion.h); epilogues: pointwise ops fused into both; flex_attention: FlexAttention
+// forwards and backwards run as generated kernels (flex_attention.h).
 #define NEURONX_PASS_STATS(X)                                                                                \
   X(views_simplified) X(constants_folded) X(dead_removed) X(common_removed) X(fused_groups) X(fused_nodes) \
-  X(fused_row_groups) X(gemms) X(convolutions) X(epilogues)
+  X(fused_row_groups) X(gemms) X(convolutions) X(epilogues) X(flex_attention)
 
 struct PassStats {
 #define NEURONX_FIELD(f) int f = 0;

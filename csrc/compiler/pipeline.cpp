@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 
 #include "compiler/epilogue_fusion.h"
+#include "compiler/flex_attention.h"
 
 namespace neuronx::compiler {
 
@@ -55,6 +56,16 @@ std::shared_ptr<Executable> compile(Graph g, const std::string& debug_dir, Compi
   auto fns = cache.load(sources, names, libs, stats.build);
   std::vector<KernelFn> kernels;
   for (auto& f : fns) kernels.push_back(f.at(0));
+  // FlexAttention's kernels, built now (not when the program first runs); the op finds them by
+  // its program argument.
+  for (const Node& n : g.nodes) {
+    if (n.kind != Node::Kind::kAten || !op_info(n.id).flex_attention) continue;
+    const Arg& program = n.args.back();
+    TORCH_CHECK(program.kind == Arg::Kind::kConstant && program.constant.isString(),
+                "torch_neuronx compiler: ", n.target, " without a constant program");
+    flex_kernels(program.constant.toStringRef(), &stats.build);
+    stats.passes.flex_attention++;
+  }
   auto exe = std::make_shared<Executable>(std::move(g), std::move(groups), std::move(kernels), std::move(libs));
   stats.out_calls = exe->out_calls();
   stats.passes.constants_folded = exe->folded();

@@ -4,6 +4,7 @@ Values get integer ids. Tensor values carry dtype, sizes and strides (symbolic o
 postfix programs over the graph's symbols); symbols are bound at launch from input sizes or
 scalar inputs. Scalar arithmetic Dynamo leaves on symbolic sizes and floats becomes scalar ops
 the executable evaluates on the host."""
+import functools
 import math
 import operator
 
@@ -16,6 +17,16 @@ aten = torch.ops.aten
 
 class Unsupported(Exception):
     """The graph has something the compiler cannot take (the graph then runs eagerly)."""
+
+
+class Subgraph:
+    """A get_attr of a GraphModule: a higher-order op's subgraph (FlexAttention's score_mod and
+    mask_mod), read only by the op that takes it."""
+
+    __slots__ = ("gm",)
+
+    def __init__(self, gm):
+        self.gm = gm
 
 
 class Ref:
@@ -100,6 +111,8 @@ class Exporter:
     def arg(self, a):
         if isinstance(a, torch.fx.Node):
             i = self.ids[a]
+            if isinstance(i, Subgraph):
+                raise Unsupported(f"the subgraph {a.name} used outside a higher-order op the compiler lowers")
             if isinstance(i, list):
                 raise Unsupported(f"a tuple value ({a.name}) used as an operand")
             return Ref(i)
@@ -122,6 +135,9 @@ class Exporter:
                 continue
             if n.op == "get_attr":
                 t = getattr(self.gm, n.target)
+                if isinstance(t, torch.fx.GraphModule):
+                    self.ids[n] = Subgraph(t)
+                    continue
                 if not isinstance(t, torch.Tensor):
                     raise Unsupported(f"attribute {n.target} of type {type(t).__name__}")
                 i = self.value(n.name, t)
@@ -160,6 +176,10 @@ class Exporter:
             return self.effectful_call(n)
         if t is torch.ops.higher_order.out_dtype:
             return self.out_dtype_call(n)
+        if t is torch.ops.higher_order.flex_attention:
+            return self.flex_call(n, backward=False)
+        if t is torch.ops.higher_order.flex_attention_backward:
+            return self.flex_call(n, backward=True)
         if not isinstance(t, torch._ops.OpOverload):
             raise Unsupported(f"call of {getattr(t, '__name__', t)}")
         schema = t._schema
@@ -228,6 +248,119 @@ class Exporter:
         if r != out:
             self.nodes.append(("aten", "aten::_to_copy", [Ref(r)], {"dtype": out_dtype}, [out]))
         self.ids[n] = out
+
+
+    def subgraph(self, node):
+        i = self.ids.get(node) if isinstance(node, torch.fx.Node) else None
+        if not isinstance(i, Subgraph):
+            raise Unsupported(f"a FlexAttention mod that is not a traced subgraph ({node!r})")
+        return i.gm
+
+    def flex_call(self, n, backward):
+        # flex_attention(q, k, v, score_mod, block_mask, scale, kernel_options, score_bufs, mask_bufs) and
+        # flex_attention_backward(q, k, v, out, lse, grad_out, grad_lse, fw_graph, joint_graph, block_mask, ...)
+        # become neuronx::flex_attention(_backward) (csrc/compiler/flex_attention.h), whose program
+        # argument carries the mods as scalar programs.
+        if backward:
+            q, k, v, out, lse, grad_out, grad_lse, score_mod, joint, block_mask, scale, _options, sbufs, mbufs = n.args
+        else:
+            q, k, v, score_mod, block_mask, scale, _options, sbufs, mbufs = n.args
+        dtype = q.meta["val"].dtype
+        if dtype not in (torch.float32, torch.bfloat16, torch.float16) or any(
+                x.meta["val"].dtype != dtype for x in (k, v)):
+            raise Unsupported(f"flex_attention on {dtype} inputs")
+        kv_num, kv_idx, full_num, full_idx = block_mask[2:6]
+        q_block, kv_block, mask_mod = block_mask[-3:]
+        if not all(isinstance(x, int) for x in (q_block, kv_block)) or not isinstance(scale, (int, float)):
+            raise Unsupported("flex_attention with symbolic block sizes or scale")
+        lines = [f"flex {_PROGRAM_DTYPES[dtype]} {int(backward)}", *scalar_program(self.subgraph(score_mod)),
+                 *scalar_program(self.subgraph(mask_mod))]
+        vals = n.meta["val"]
+        if backward:
+            if grad_out is None:
+                raise Unsupported("flex_attention_backward without grad_out")
+            lines += scalar_program(self.subgraph(joint), joint=True)
+        for u in n.users:  # the backward's fourth result: gradients of captured tensors
+            if u.target is not operator.getitem or u.args[1] > 2:
+                raise Unsupported("flex_attention whose score_mod's captured tensors need gradients")
+        outs = [self.value(f"{n.name}_{i}", vals[i]) for i in range(3)]
+        self.ids[n] = outs
+        tensors = [q, k, v, out, lse, grad_out, grad_lse] if backward else [q, k, v]
+        args = [self.arg(x) for x in tensors] + [self.arg(x) for x in (kv_num, kv_idx, full_num, full_idx)]
+        args += [self.arg(list(sbufs)), self.arg(list(mbufs)), float(scale), q_block, kv_block, "\n".join(lines)]
+        target = "neuronx::flex_attention_backward" if backward else "neuronx::flex_attention"
+        self.nodes.append(("aten", target, args, {}, outs))
+
+
+_PROGRAM_DTYPES = {
+    torch.float32: "Float", torch.float64: "Double", torch.bfloat16: "BFloat16", torch.float16: "Half",
+    torch.int32: "Int", torch.int64: "Long", torch.int16: "Short", torch.int8: "Char", torch.uint8: "Byte",
+    torch.bool: "Bool",
+}
+
+
+@functools.lru_cache(None)
+def _program_ops():
+    """The op-table targets a scalar program may use (those with a program form)."""
+    from .. import _C
+
+    return frozenset(e["target"] for e in _C._compiler._op_table() if e["program_form"])
+
+
+def scalar_program(gm, joint=False):
+    """A FlexAttention mod (score_mod, mask_mod, or the score_mod's joint gradient graph) as the
+    text lines csrc/compiler/scalar_program.cpp parses: its inputs (0-d values, then captured
+    tensors), one step per op over 0-d values, its outputs. Anything else raises Unsupported."""
+    ids, inputs, steps, outs = {}, [], [], []
+
+    def dtype_of(val):
+        if not isinstance(val, torch.Tensor) or val.dtype not in _PROGRAM_DTYPES:
+            raise Unsupported(f"a FlexAttention mod value {val!r}")
+        return _PROGRAM_DTYPES[val.dtype]
+
+    def tokens(a):
+        if isinstance(a, torch.fx.Node):
+            return [f"v{ids[a]}"]
+        if isinstance(a, bool):
+            return [f"b{int(a)}"]
+        if isinstance(a, int):
+            return [f"i{a}"]
+        if isinstance(a, float):
+            return [f"f{a!r}"]
+        if a is None:
+            return ["n"]
+        if isinstance(a, (list, tuple)):
+            return ["[", *[t for x in a for t in tokens(x)], "]"]
+        return ["o"]  # a dtype, device, layout, string: no lowering reads it
+
+    for node in gm.graph.nodes:
+        val = node.meta.get("val")
+        if node.op == "placeholder":
+            ids[node] = len(ids)
+            inputs.append(f"in {dtype_of(val)} {val.dim()}")
+        elif node.op == "call_function":
+            if not isinstance(node.target, torch._ops.OpOverload):
+                raise Unsupported(f"{getattr(node.target, '__name__', node.target)} inside a FlexAttention mod")
+            if isinstance(val, torch.Tensor) and val.dim() != 0:
+                raise Unsupported(f"a FlexAttention mod computing a tensor of shape {tuple(val.shape)}")
+            schema = node.target._schema
+            name = schema.name + (f".{schema.overload_name}" if schema.overload_name else "")
+            if name not in _program_ops():
+                raise Unsupported(f"{name} inside a FlexAttention score_mod or mask_mod (no lowering)")
+            toks = [t for a in node.args for t in tokens(a)]
+            if node.kwargs:
+                toks += ["|"] + [t for kname, kv in node.kwargs.items() for t in (kname, *tokens(kv))]
+            ids[node] = len(ids)
+            steps.append(" ".join(["step", dtype_of(val), name, *toks]))
+        elif node.op == "output":
+            res = node.args[0]
+            res = list(res) if isinstance(res, (list, tuple)) else [res]
+            if joint and any(r is not None for r in res[5:]):
+                raise Unsupported("flex_attention whose score_mod's captured tensors need gradients")
+            outs = [f"out v{ids[r]}" if isinstance(r, torch.fx.Node) else "out n" for r in res[:1]]
+        else:
+            raise Unsupported(f"{node.op} {node.target} inside a FlexAttention mod")
+    return [f"program {len(inputs)} {len(steps)} {len(outs)}", *inputs, *steps, *outs]
 
 
 def export(gm):
