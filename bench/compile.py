@@ -1,7 +1,8 @@
 """torch.compile on neuron vs CPU Inductor, measured side by side in the same run.
 
-Throughput (medians of interleaved repetitions, warm-up excluded) of the nanoGPT training step,
-the BERT-sized encoder's inference and a pointwise chain for: CPU Inductor (the baseline),
+Throughput (medians of interleaved repetitions, warm-up excluded) of training steps (nanoGPT, a
+Hugging Face GPT-2, a small CNN with batch norm), inference (the BERT-sized encoder, ResNet-18)
+and a pointwise chain for: CPU Inductor (the baseline),
 neuron compiled (backend "neuron") and neuron eager. Compile times: the first call (trace +
 compile + run) in a fresh process with an empty cache (cold) and again with the cache the cold
 run filled (warm), for both compilers.
@@ -52,6 +53,87 @@ def nanogpt_train(quick):
     return setup
 
 
+def gpt2_train(quick):
+    """A Hugging Face GPT-2 built from its config (4 layers, d=384, seq 256; dropout on)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    layers, d, heads, vocab, batch, seq = (2, 64, 2, 512, 2, 64) if quick else (4, 384, 6, 8192, 8, 256)
+    cfg = GPT2Config(n_layer=layers, n_embd=d, n_head=heads, vocab_size=vocab, n_positions=seq, bos_token_id=0,
+                     eos_token_id=0)
+    cfg._attn_implementation = "sdpa"
+
+    def setup(device, backend):
+        torch.manual_seed(0)
+        model = GPT2LMHeadModel(cfg).to(device).train()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        x = tokens(batch, vocab, seq).to(device)
+        fwd = torch.compile(model, backend=backend) if backend else model
+
+        def step():
+            opt.zero_grad(set_to_none=True)
+            loss = fwd(input_ids=x, labels=x).loss
+            loss.backward()
+            opt.step()
+            return loss
+        return step
+    return setup
+
+
+class SmallCNN(torch.nn.Module):
+    """Convolutions with batch norm, ReLU and max-pooling, then a linear classifier."""
+
+    def __init__(self, classes=10):
+        super().__init__()
+        nn = torch.nn
+        layers, cin = [], 3
+        for cout in (32, 64, 128):
+            layers += [nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(), nn.MaxPool2d(2)]
+            cin = cout
+        self.features = nn.Sequential(*layers)
+        self.head = nn.Linear(cin, classes)
+
+    def forward(self, x):
+        return self.head(self.features(x).mean((2, 3)))
+
+
+def cnn_train(quick):
+    batch, size = (4, 32) if quick else (32, 64)
+
+    def setup(device, backend):
+        torch.manual_seed(0)
+        model = SmallCNN().to(device).train()
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        g = torch.Generator().manual_seed(5)
+        x = torch.randn(batch, 3, size, size, generator=g).to(device)
+        y = torch.randint(0, 10, (batch,), generator=g).to(device)
+        fwd = torch.compile(model, backend=backend) if backend else model
+
+        def step():
+            opt.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(fwd(x), y)
+            loss.backward()
+            opt.step()
+            return loss
+        return step
+    return setup
+
+
+def resnet18_inference(quick):
+    batch, size, width = (1, 64, 16) if quick else (8, 224, 64)
+
+    def setup(device, backend):
+        torch.manual_seed(0)
+        model = B.ResNet18(width=width).to(device).eval()
+        x = torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(4)).to(device)
+        fwd = torch.compile(model, backend=backend) if backend else model
+
+        def run():
+            with torch.no_grad():
+                return fwd(x)
+        return run
+    return setup
+
+
 def bert_inference(quick):
     kw = dict(vocab=1024, d=128, layers=2, heads=4, ff=256) if quick else {}
     batch = 2 if quick else 8
@@ -83,7 +165,9 @@ def pointwise(quick):
     return setup
 
 
-WORKLOADS = {"nanogpt_train_step": nanogpt_train, "bert_inference": bert_inference, "pointwise_chain": pointwise}
+WORKLOADS = {"nanogpt_train_step": nanogpt_train, "gpt2_train_step": gpt2_train, "cnn_train_step": cnn_train,
+             "bert_inference": bert_inference, "resnet18_inference": resnet18_inference,
+             "pointwise_chain": pointwise}
 
 
 def backend_of(mode):

@@ -11,9 +11,12 @@ namespace neuronx::compiler {
 namespace {
 
 // Below this many multiply-adds, or this many rows, ATen's BLAS call wins: oneDNN's
-// per-call setup (and the weight reorder a column-major weight needs) is not amortized.
-constexpr double kMinMacs = 1 << 26;
-constexpr double kMinRows = 64;
+// per-call setup (and the weight reorder a column-major weight needs) is not amortized. Above
+// them oneDNN's matmul is 1.4-2.3x ATen's MKL call on this machine (2^22 multiply-adds: 1.4x;
+// from 2^24: 2x and more), so much faster that a row-major copy of a transposed left operand
+// (the backward's weight-gradient GEMMs) and a copy of a returned result still pay.
+constexpr double kMinMacs = 1 << 22;
+constexpr double kMinRows = 32;
 // A convolution's post-op saves one pass over its output: below this many elements (a squeeze-
 // excitation's 1x1 convolutions, say) there is nothing to save.
 constexpr double kMinConvOutput = 1 << 16;
@@ -104,14 +107,15 @@ bool convolution_eligible(const Graph& g, const Node& n) {
          ints(n.args[7], 2, true) && n.args[8].kind == Arg::Kind::kConstant && n.args[8].constant.isInt();
 }
 
-// A float32 mm/addmm oneDNN's linear takes and beats ATen's BLAS call on: row-major left
-// operand, row- or column-major right operand, large enough, and (addmm) a plain bias vector.
+// A float32 mm/addmm oneDNN's linear takes and beats ATen's BLAS call on: row- or
+// column-major operands (a column-major left one is copied row-major first), large enough, and
+// (addmm) a plain bias vector.
 bool gemm_eligible(const Graph& g, const Node& n) {
   const bool addmm = op_info(n.id).gemm == Gemm::kAddmm;
   const int ai = addmm ? 1 : 0;
   const TensorMeta *a = tensor_meta(g, n.args[ai]), *b = tensor_meta(g, n.args[ai + 1]);
   const TensorMeta* out = g.values[n.outputs[0]].meta ? &*g.values[n.outputs[0]].meta : nullptr;
-  if (!a || !b || !out || !dense_2d(*a, false) || !(dense_2d(*b, false) || dense_2d(*b, true)) ||
+  if (!a || !b || !out || !(dense_2d(*a, false) || dense_2d(*a, true)) || !(dense_2d(*b, false) || dense_2d(*b, true)) ||
       out->dtype != c10::ScalarType::Float)
     return false;
   const double rows = num(a->sizes[0]), inner = num(a->sizes[1]), cols = num(b->sizes[1]);
@@ -144,25 +148,6 @@ std::vector<std::vector<int>> value_readers(const Graph& g) {
   for (int o : g.outputs)
     if (o >= 0) readers[o].push_back(-1);
   return readers;
-}
-
-// What the caller gets back (graph outputs and what they view): ATen's GEMM writes it
-// straight into the returned buffer through its out= overload, while oneDNN's op allocates its
-// result, which would then be copied there. So a GEMM without an epilogue whose result
-// escapes stays ATen's.
-std::vector<bool> escaping_values(const Graph& g) {
-  std::vector<bool> escapes(g.values.size(), false);
-  for (int o : g.outputs)
-    if (o >= 0) escapes[o] = true;
-  for (size_t i = g.nodes.size(); i-- > 0;) {
-    const Node& n = g.nodes[i];
-    if (n.kind != Node::Kind::kAten || n.args.empty() || n.args[0].kind != Arg::Kind::kValue) continue;
-    bool view = op_info(n.id).reshape_view;  // _unsafe_view has no alias annotation
-    for (const auto& r : n.op->schema().returns()) view = view || r.alias_info() != nullptr;
-    for (int o : n.outputs)
-      if (view && escapes[o]) escapes[n.args[0].value] = true;
-  }
-  return escapes;
 }
 
 // The epilogue of m.gemm: the GEMM result's only reader (through one reshaping view) when that
@@ -209,7 +194,6 @@ void find_epilogue(const Graph& g, const std::vector<std::vector<int>>& readers,
 // The GEMMs and convolutions to hand to oneDNN, each with its epilogue if it has one.
 Matches match_epilogues(const Graph& g) {
   const auto readers = value_readers(g);
-  const auto escapes = escaping_values(g);
   Matches ms;
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     const Node& n = g.nodes[i];
@@ -228,7 +212,6 @@ Matches match_epilogues(const Graph& g) {
     }
     if (m.epilogue < 0) m.view = -1;  // nothing fused: the view stays where it was
     if (convolution && m.epilogue < 0) continue;  // ATen's convolution is oneDNN's already
-    if (m.epilogue < 0 && escapes[n.outputs[0]]) continue;  // (with an epilogue, either way has a pass more)
     if (m.epilogue >= 0) ms.by_epilogue[m.epilogue] = m.gemm;
     if (m.view >= 0) ms.fused_views.insert(m.view);
     ms.by_gemm[m.gemm] = m;
@@ -238,16 +221,17 @@ Matches match_epilogues(const Graph& g) {
 
 // The ops the rewrite emits; absent without oneDNN.
 struct OneDnnOps {
-  c10::OperatorHandle linear, linear_binary, permute, flatten, conv, conv_binary;
+  c10::OperatorHandle linear, linear_binary, permute, flatten, conv, conv_binary, clone;
   static std::optional<OneDnnOps> find() {
+    const auto clone = op("aten::clone", "");
     const auto linear = op("mkldnn::_linear_pointwise", "");
     const auto linear_binary = op("mkldnn::_linear_pointwise", "binary");
     const auto permute = op("aten::permute", "");
     const auto flatten = op("aten::flatten", "using_ints");
     const auto conv = op("mkldnn::_convolution_pointwise", "");
     const auto conv_binary = op("mkldnn::_convolution_pointwise", "binary");
-    if (!linear || !linear_binary || !permute || !flatten || !conv || !conv_binary) return std::nullopt;
-    return OneDnnOps{*linear, *linear_binary, *permute, *flatten, *conv, *conv_binary};
+    if (!linear || !linear_binary || !permute || !flatten || !conv || !conv_binary || !clone) return std::nullopt;
+    return OneDnnOps{*linear, *linear_binary, *permute, *flatten, *conv, *conv_binary, *clone};
   }
 };
 
@@ -327,12 +311,20 @@ class Rewrite {
     stats_.epilogues++;
   }
 
-  // weight = bᵀ (a view), then oneDNN's linear.
+  // weight = bᵀ (a view), a column-major input copied row-major, then oneDNN's linear.
   void emit_linear(const Match& m, std::vector<Node>& out) {
-    const Node& n = g_.nodes[m.gemm];
+    Node& n = g_.nodes[m.gemm];
     const bool addmm = op_info(n.id).gemm == Gemm::kAddmm;
     const int ai = addmm ? 1 : 0;
     const int gemm_out = n.outputs[0];
+    const TensorMeta& a = *g_.values[n.args[ai].value].meta;
+    if (!dense_2d(a, false)) {
+      TensorMeta rows = a;
+      rows.strides = {a.sizes[1], SymExpr::constant(1)};
+      const int copy = add_value(g_.values[n.args[ai].value].name + "_rows", rows);
+      out.push_back(aten_node(ops_.clone, {n.args[ai], constant_arg(c10::IValue(c10::MemoryFormat::Contiguous))}, copy));
+      n.args[ai] = value_arg(copy);
+    }
     const TensorMeta& b = *g_.values[n.args[ai + 1].value].meta;
     TensorMeta wt;
     wt.dtype = b.dtype;

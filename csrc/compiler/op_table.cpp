@@ -218,7 +218,10 @@ void add_library_ops(Table& t) {
            {OpId::kGroupNormBackward, "aten::native_group_norm_backward"},
            {OpId::kCrossEntropyLoss, "aten::cross_entropy_loss"},
            {OpId::kFlashAttentionCpu, "aten::_scaled_dot_product_flash_attention_for_cpu"},
-           {OpId::kFlashAttentionCpuBackward, "aten::_scaled_dot_product_flash_attention_for_cpu_backward"}})
+           {OpId::kFlashAttentionCpuBackward, "aten::_scaled_dot_product_flash_attention_for_cpu_backward"},
+           // ReLU's backward: one ATen kernel, where its decomposition is a comparison and a
+           // where over a bool mask (two passes no fused loop takes).
+           {OpId::kThresholdBackward, "aten::threshold_backward"}})
     put(whole(id, target));
 }
 

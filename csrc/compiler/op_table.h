@@ -33,7 +33,7 @@ enum class OpId : uint8_t {
   kBatchNormLegit, kBatchNormLegitFunctional, kBatchNormLegitNoTraining, kConvolutionBackward,
   kEmbeddingDenseBackward, kBmm, kBaddbmm, kMatmul, kLinear, kGeluBackward, kSiluBackward, kMseLoss,
   kMseLossBackward, kGroupNorm, kGroupNormBackward, kCrossEntropyLoss, kFlashAttentionCpu,
-  kFlashAttentionCpuBackward,
+  kFlashAttentionCpuBackward, kThresholdBackward,
   // Scalar ops Dynamo leaves over symbolic sizes and floats (host work at launch).
   kSymSize, kSymStride, kSymNumel, kScalarAdd, kScalarSub, kScalarMul, kScalarTrueDiv, kScalarFloorDiv, kScalarMod,
   kScalarNeg, kScalarPow, kSymFloat, kSymInt, kTrunc, kFloor, kCeil, kScalarSqrt, kSymMax, kSymMin, kSymSum, kEq, kNe, kLt,
