@@ -118,13 +118,13 @@ def cnn_train(quick):
     return setup
 
 
-def resnet18_inference(quick):
-    batch, size, width = (1, 64, 16) if quick else (8, 224, 64)
-
+def inference(make_model, make_input):
+    """A workload's setup: the model in eval mode on the device, compiled with the backend (none:
+    eager), run under no_grad."""
     def setup(device, backend):
         torch.manual_seed(0)
-        model = B.ResNet18(width=width).to(device).eval()
-        x = torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(4)).to(device)
+        model = make_model().to(device).eval()
+        x = make_input().to(device)
         fwd = torch.compile(model, backend=backend) if backend else model
 
         def run():
@@ -132,23 +132,18 @@ def resnet18_inference(quick):
                 return fwd(x)
         return run
     return setup
+
+
+def resnet18_inference(quick):
+    batch, size, width = (1, 64, 16) if quick else (8, 224, 64)
+    return inference(lambda: B.ResNet18(width=width),
+                     lambda: torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(4)))
 
 
 def bert_inference(quick):
     kw = dict(vocab=1024, d=128, layers=2, heads=4, ff=256) if quick else {}
     batch = 2 if quick else 8
-
-    def setup(device, backend):
-        torch.manual_seed(0)
-        model = B.BertEncoder(**kw).to(device).eval()
-        x = tokens(batch, kw.get("vocab", 30522), 128).to(device)
-        fwd = torch.compile(model, backend=backend) if backend else model
-
-        def run():
-            with torch.no_grad():
-                return fwd(x)
-        return run
-    return setup
+    return inference(lambda: B.BertEncoder(**kw), lambda: tokens(batch, kw.get("vocab", 30522), 128))
 
 
 def pointwise(quick):
