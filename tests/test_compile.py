@@ -393,6 +393,21 @@ def test_convolution_epilogue_runs_as_a_onednn_post_op(epilogue):
     assert "aten::convolution" not in m["library_calls"], m["library_calls"]
 
 
+def test_channels_last_cnn_trains_as_eager():
+    # model.to(memory_format=torch.channels_last), as CNN users write it: ATen's CPU convolution
+    # returns channels-last results where the meta kernels traced for neuron promised contiguous
+    # ones, and the flatten after the last convolution is a view traced on those promised strides.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
+                          nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 16 * 16, 5))
+    model = model.to("neuron", memory_format=torch.channels_last)
+    x = torch.randn(4, 3, 32, 32).to("neuron", memory_format=torch.channels_last)
+    t = torch.randint(0, 5, (4,)).to("neuron")
+    eager, _ = _train(model, x, t, F.cross_entropy, 5, compiled=False)
+    compiled, _ = _train(model, x, t, F.cross_entropy, 5, compiled=True)
+    torch.testing.assert_close(torch.tensor(compiled), torch.tensor(eager), rtol=1e-4, atol=1e-4)
+
+
 def test_relu_backward_stays_one_kernel():
     # Decomposed, ReLU's backward is a comparison and a where over a bool mask: two passes that
     # no fused loop takes. Kept whole it is ATen's one threshold_backward kernel, as in eager.

@@ -96,6 +96,19 @@ Executable::Executable(Graph g, std::vector<FusionGroup> groups, std::vector<Ker
         n.outputs.size() == 1 && graph_.values[n.outputs[0]].kind == Value::Kind::kTensor)
       out_op_[i] = out_overload(n);
   }
+  promised_strides_.resize(graph_.values.size());
+  for (const Node& n : graph_.nodes) {  // (a fused node runs as a library call when its group cannot)
+    if (n.kind != Node::Kind::kAten) continue;
+    bool fresh = true;  // no result aliases an operand
+    for (const auto& r : n.op->schema().returns()) fresh = fresh && r.alias_info() == nullptr;
+    if (!fresh || op_info(n.id).reshape_view) continue;
+    for (int o : n.outputs) {
+      const Value& v = graph_.values[o];
+      if (v.kind != Value::Kind::kTensor || !v.meta || !v.meta->is_static()) continue;
+      for (const auto& st : v.meta->strides) promised_strides_[o].push_back(st.value());
+      if (promised_strides_[o].empty()) promised_strides_[o].push_back(0);  // 0-d: nothing to conform, but marked
+    }
+  }
   fold_constants();
   // Launch list: a group runs where its last node stood.
   std::vector<int> last_of_group(groups_.size());

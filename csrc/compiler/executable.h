@@ -73,6 +73,13 @@ class __attribute__((visibility("hidden"))) Executable : public std::enable_shar
   std::vector<Step> steps_;
   std::vector<bool> host_value_;  // scalars the host computes before launch
   std::vector<int> output_index_;  // value -> its position among the graph outputs, or -1
+  // Per value: the strides its (static) meta promises for a fresh tensor a library call returns,
+  // empty when symbolic or not such a result. ATen's CPU kernels may lay a result out otherwise
+  // than the meta kernels traced for neuron do (a convolution of a channels-last input returns
+  // channels-last; the meta, for a non-CPU device, contiguous): such a result is copied into the
+  // promised layout, so the views after it (traced on the meta's strides) read it right.
+  std::vector<std::vector<int64_t>> promised_strides_;
+  void conform(int ni, std::vector<c10::IValue>& env) const;
   // Per node: the op's out= overload, when the node's result can be written into memory we
   // choose (the arena, or the caller's output) instead of memory the op allocates.
   std::vector<std::optional<c10::OperatorHandle>> out_op_;

@@ -3,6 +3,7 @@
 #include <ATen/ExpandUtils.h>
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/empty_strided.h>
 #include <ATen/ops/full.h>
 
 #include <algorithm>
@@ -16,6 +17,21 @@
 #include "runtime/queue.h"
 
 namespace neuronx::compiler {
+
+void Executable::conform(int ni, std::vector<c10::IValue>& env) const {
+  for (int o : graph_.nodes[ni].outputs) {
+    const std::vector<int64_t>& want = promised_strides_[o];
+    if (want.empty() || !env[o].isTensor()) continue;
+    const at::Tensor& t = env[o].toTensor();
+    if (!t.defined() || t.dim() != static_cast<int64_t>(want.size())) continue;
+    bool same = true;
+    for (int64_t d = 0; d < t.dim() && same; ++d) same = t.size(d) <= 1 || t.stride(d) == want[d];
+    if (same) continue;
+    at::Tensor c = at::empty_strided(t.sizes(), want, t.options());
+    c.copy_(t);
+    env[o] = std::move(c);
+  }
+}
 
 void Executable::run_node(int ni, std::vector<c10::IValue>& env, const std::vector<at::Tensor>& outputs, char* arena,
                           c10::DeviceIndex d) const {
@@ -126,6 +142,7 @@ void Executable::run_node(int ni, std::vector<c10::IValue>& env, const std::vect
     return;
   }
   for (size_t r = 0; r < n.outputs.size() && r < stack.size(); ++r) env[n.outputs[r]] = std::move(stack[r]);
+  conform(ni, env);
 }
 
 void Executable::run_rows(int gi, std::vector<c10::IValue>& env, const std::vector<at::Tensor>& outputs, char* arena,
