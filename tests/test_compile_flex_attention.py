@@ -139,6 +139,21 @@ def test_gradient_through_the_logsumexp():
     assert compile_metrics()["flex_attention"] == 2
 
 
+def test_rectangular_shapes_broadcast_batch_and_small_blocks():
+    # 200 queries against 330 keys, value width 48 against key width 32, one key/value batch for
+    # two query batches (its gradients sum over them), 64-wide blocks, a mask per head.
+    g = torch.Generator().manual_seed(12)
+    q = torch.randn(2, 4, 200, 32, generator=g).to(DEV).requires_grad_()
+    k = torch.randn(1, 4, 330, 32, generator=g).to(DEV).requires_grad_()
+    v = torch.randn(1, 4, 330, 48, generator=g).to(DEV).requires_grad_()
+
+    def per_head_window(b, h, q_idx, kv_idx):
+        return (kv_idx <= q_idx + 130) & (kv_idx >= q_idx + 130 - 40 * (h + 1))
+
+    block_mask = create_block_mask(per_head_window, 2, 4, 200, 330, device=DEV, BLOCK_SIZE=64)
+    compare(q, k, v, F32, block_mask=block_mask)
+
+
 def test_no_block_mask_and_a_score_bias():
     q, k, v = inputs(1, 2, 2, 200, 16, seed=3)
     compare(q, k, v, F32, score_mod=lambda s, b, h, qi, kv: s + (qi - kv) * 0.01)
