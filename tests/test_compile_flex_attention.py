@@ -161,8 +161,10 @@ def test_no_block_mask_and_a_score_bias():
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_precision(dtype):
+    # The mod runs in float32 (FlexAttention's working precision), not rounded per op.
     q, k, v = inputs(B, H, H, 256, 64, dtype=dtype, seed=4)
-    compare(q, k, v, dict(rtol=2e-2, atol=2e-2), block_mask=create_block_mask(causal, None, None, 256, 256, device=DEV))
+    compare(q, k, v, dict(rtol=2e-2, atol=2e-2), score_mod=soft_cap,
+            block_mask=create_block_mask(causal, None, None, 256, 256, device=DEV))
 
 
 def test_ordinary_size_sequence_2048():
@@ -185,6 +187,22 @@ def test_index_out_of_range_in_a_mask_raises_and_the_device_stays_usable():
     compiled = torch.compile(functools.partial(flex_attention, block_mask=block_mask), backend="neuron")
     with pytest.raises(IndexError, match="out of range"):
         compiled(q, k, v)
+        torch.neuron.synchronize()
+    assert (torch.ones(4, device=DEV) + 1).sum().item() == 8
+
+
+def test_integer_division_by_zero_and_a_repeated_block_raise():
+    q, k, v = (t.detach() for t in inputs(1, 2, 2, 128, 16, seed=13))
+    zero = torch.zeros(2, dtype=torch.int64, device=DEV)
+    divide = torch.compile(functools.partial(flex_attention, score_mod=lambda s, b, h, qi, kv: s + qi % zero[h]),
+                           backend="neuron")
+    with pytest.raises(RuntimeError, match="divided an integer by zero"):
+        divide(q, k, v)
+        torch.neuron.synchronize()
+    twice = BlockMask.from_kv_blocks(torch.full((1, 1, 1), 2, dtype=torch.int32, device=DEV),
+                                     torch.zeros(1, 1, 1, 2, dtype=torch.int32, device=DEV), seq_lengths=(128, 128))
+    with pytest.raises(RuntimeError, match="lists block 0 twice"):
+        torch.compile(functools.partial(flex_attention, block_mask=twice), backend="neuron")(q, k, v)
         torch.neuron.synchronize()
     assert (torch.ones(4, device=DEV) + 1).sum().item() == 8
 

@@ -24,9 +24,12 @@ void Executable::conform(int ni, std::vector<c10::IValue>& env) const {
     if (want.empty() || !env[o].isTensor()) continue;
     const at::Tensor& t = env[o].toTensor();
     if (!t.defined() || t.dim() != static_cast<int64_t>(want.size())) continue;
-    bool same = true;
-    for (int64_t d = 0; d < t.dim() && same; ++d) same = t.size(d) <= 1 || t.stride(d) == want[d];
-    if (same) continue;
+    bool same = true, overlapping = false;  // (a promised broadcast layout cannot be copied into)
+    for (int64_t d = 0; d < t.dim(); ++d) {
+      same = same && (t.size(d) <= 1 || t.stride(d) == want[d]);
+      overlapping = overlapping || (t.size(d) > 1 && want[d] == 0);
+    }
+    if (same || overlapping) continue;
     at::Tensor c = at::empty_strided(t.sizes(), want, t.options());
     c.copy_(t);
     env[o] = std::move(c);

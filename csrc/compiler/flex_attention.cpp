@@ -74,7 +74,10 @@ std::vector<NxBuf> buffers(at::TensorList ts, int32_t* flag, const char* what) {
     b.out_of_range = flag;
     out.push_back(b);
   }
-  if (out.empty()) out.push_back(NxBuf{});  // never read; a valid pointer
+  if (out.empty()) {  // never read as a tensor; carries the error flag
+    out.push_back(NxBuf{});
+    out.back().out_of_range = flag;
+  }
   return out;
 }
 
@@ -123,11 +126,15 @@ Layout layout(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, con
     const int64_t nkb = i.size(3);
     const int32_t* np = n.const_data_ptr<int32_t>();
     const int32_t* ip = i.const_data_ptr<int32_t>();
+    std::vector<int64_t> seen(nkb, -1);  // the row that last listed each block
     for (int64_t r = 0; r < n.numel(); ++r) {
       TORCH_CHECK(np[r] >= 0 && np[r] <= nkb, "FlexAttention: a block mask lists ", np[r], " blocks in a row of ", nkb);
-      for (int64_t j = 0; j < np[r]; ++j)
-        TORCH_CHECK(ip[r * nkb + j] >= 0 && ip[r * nkb + j] < nkb, "FlexAttention: block index ", ip[r * nkb + j],
-                    " out of range [0, ", nkb, ")");
+      for (int64_t j = 0; j < np[r]; ++j) {
+        const int32_t b = ip[r * nkb + j];
+        TORCH_CHECK(b >= 0 && b < nkb, "FlexAttention: block index ", b, " out of range [0, ", nkb, ")");
+        TORCH_CHECK(seen[b] != r, "FlexAttention: a block mask row lists block ", b, " twice");
+        seen[b] = r;
+      }
     }
     L.ptrs[p_num] = static_cast<char*>(n.data_ptr());
     L.ptrs[p_idx] = static_cast<char*>(i.data_ptr());
@@ -136,8 +143,9 @@ Layout layout(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, con
   };
   lists(kv_num, kv_idx, p_KvNum, p_KvIdx);
   if (full_num && full_idx && full_num->defined() && full_idx->defined()) {
-    TORCH_CHECK(full_idx->sizes() == kv_idx.sizes(), "FlexAttention: full_kv_indices ", full_idx->sizes(),
-                " does not match kv_indices ", kv_idx.sizes());
+    TORCH_CHECK(full_idx->sizes() == kv_idx.sizes() && full_num->sizes() == kv_num.sizes(),
+                "FlexAttention: full_kv_num_blocks ", full_num->sizes(), " and full_kv_indices ", full_idx->sizes(),
+                " do not match kv_num_blocks ", kv_num.sizes(), " and kv_indices ", kv_idx.sizes());
     lists(*full_num, *full_idx, p_FullKvNum, p_FullKvIdx);
   }
   L.ptrs[p_Q] = static_cast<char*>(const_cast<void*>(q.const_data_ptr()));
@@ -150,9 +158,16 @@ Layout layout(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, con
   return L;
 }
 
+// The errors the mods flag while the kernels run (flex_attention_source.cpp: 1 an index out of
+// range, 2 an integer division by zero).
+void check_mods(const Layout& L) {
+  TORCH_CHECK_INDEX(L.out_of_range != 1, "FlexAttention: a score_mod or mask_mod indexed a captured tensor out of range");
+  TORCH_CHECK(L.out_of_range != 2, "FlexAttention: a score_mod or mask_mod divided an integer by zero (ZeroDivisionError)");
+}
+
 void run(KernelFn fn, Layout& L, int64_t items) {
   at::parallel_for(0, items, 1, [&](int64_t b, int64_t e) { fn(L.ptrs.data(), L.sc.data(), b, e); });
-  TORCH_CHECK_INDEX(!L.out_of_range, "FlexAttention: a score_mod or mask_mod indexed a captured tensor out of range");
+  check_mods(L);
 }
 
 // Above this, the backward's per-thread dQ accumulators give way to a second kernel.
@@ -263,7 +278,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> flex_backward(
     ptrs[p_GradQAcc] = static_cast<char*>(mine.data_ptr());
     fk.grad_key_value(ptrs.data(), L.sc.data(), b, e);
   });
-  TORCH_CHECK_INDEX(!L.out_of_range, "FlexAttention: a score_mod or mask_mod indexed a captured tensor out of range");
+  check_mods(L);
   at::Tensor sum;
   for (const at::Tensor& a : acc)
     if (a.defined()) sum = sum.defined() ? sum.add_(a) : a;

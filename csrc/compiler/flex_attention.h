@@ -25,7 +25,7 @@ namespace neuronx::compiler {
     int64_t sizes[8];                                                                                \
     int64_t strides[8];                                                                              \
     int64_t rank;                                                                                    \
-    int32_t* out_of_range; /* set when an index is outside sizes (raised as IndexError after) */    \
+    int32_t* out_of_range; /* the mods' error: 1 index out of range, 2 integer division by zero */    \
   };
 NEURONX_NXBUF_DECL
 

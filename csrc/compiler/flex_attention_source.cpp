@@ -30,7 +30,7 @@ template <typename T> struct NxAt {  // a captured tensor read at indices (negat
     for (int64_t d = 0; d < static_cast<int64_t>(sizeof...(I)); ++d) {
       int64_t i = ix[d + 1];
       if (i < 0) i += b.sizes[d];
-      if (i < 0 || i >= b.sizes[d]) { *b.out_of_range = 1; return decltype(load(0))(0); }
+      if (i < 0 || i >= b.sizes[d]) { __atomic_store_n(b.out_of_range, 1, __ATOMIC_RELAXED); return decltype(load(0))(0); }
       off += i * b.strides[d];
     }
     return load(off);
@@ -42,12 +42,19 @@ template <typename T> struct NxAt {  // a captured tensor read at indices (negat
   }
 };
 template <typename T> static inline T nx_bitwise_not(T a) { if constexpr (std::is_same_v<T, bool>) return !a; else return ~a; }
+// The kernel's error flag (NxBuf::out_of_range), for the integer divisions of the mods.
+static thread_local int32_t* nx_error = nullptr;
+template <typename B> static inline bool nx_zero_divisor(B b) {
+  if (b != 0) return false;
+  if (nx_error) __atomic_store_n(nx_error, 2, __ATOMIC_RELAXED);
+  return true;
+}
 template <typename A, typename B> static inline auto nx_floor_divide(A a, B b) {
-  if constexpr (std::is_integral_v<A> && std::is_integral_v<B>) { auto q = a / b; return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q; }
+  if constexpr (std::is_integral_v<A> && std::is_integral_v<B>) { if (nx_zero_divisor(b)) return decltype(a / b)(0); auto q = a / b; return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q; }
   else return std::floor(a / b);
 }
 template <typename A, typename B> static inline auto nx_remainder(A a, B b) {
-  if constexpr (std::is_integral_v<A> && std::is_integral_v<B>) { auto r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
+  if constexpr (std::is_integral_v<A> && std::is_integral_v<B>) { if (nx_zero_divisor(b)) return decltype(a % b)(0); auto r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
   else { auto r = std::fmod(a, b); return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
 }
 // C[M, N] (+)= A[M, K] B[K, N], row-major with leading dims: oneDNN's batch-reduce GEMM micro-kernel
@@ -80,7 +87,9 @@ static inline void nx_load_t(const nx_t* base, int64_t r0, int64_t n, int64_t rs
 // The same rows as a float matrix with leading dimension ld: in place when stored as float with
 // unit column stride, else copied into buf.
 static inline const float* nx_rows(const nx_t* base, int64_t r0, int64_t n, int64_t rs, int64_t cs, int64_t cols, float* buf, int& ld) {
-  if constexpr (std::is_same_v<nx_t, float>) { if (cs == 1) { ld = static_cast<int>(rs); return reinterpret_cast<const float*>(base + r0 * rs); } }
+  if constexpr (std::is_same_v<nx_t, float>) {
+    if (cs == 1 && rs >= cols && rs <= (1 << 30)) { ld = static_cast<int>(rs); return reinterpret_cast<const float*>(base + r0 * rs); }
+  }
   nx_load(base, r0, n, rs, cs, cols, buf);
   ld = static_cast<int>(cols);
   return buf;
@@ -148,6 +157,7 @@ const char* kUnpack = R"(  const int64_t B = sc[s_B], Hq = sc[s_Hq], Hkv = sc[s_
   const nx_t* v = reinterpret_cast<const nx_t*>(ptrs[p_V]);
   const NxBuf* sbufs = reinterpret_cast<const NxBuf*>(ptrs[p_ScoreBufs]);
   const NxBuf* mbufs = reinterpret_cast<const NxBuf*>(ptrs[p_MaskBufs]);
+  nx_error = sbufs[0].out_of_range;
   const int32_t* kvn[2] = {reinterpret_cast<const int32_t*>(ptrs[p_KvNum]), reinterpret_cast<const int32_t*>(ptrs[p_FullKvNum])};
   const int32_t* kvi[2] = {reinterpret_cast<const int32_t*>(ptrs[p_KvIdx]), reinterpret_cast<const int32_t*>(ptrs[p_FullKvIdx])};
   const int64_t TQ = NX_TQ;

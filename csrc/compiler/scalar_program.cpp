@@ -219,9 +219,8 @@ std::string emit_program(const ScalarProgram& p, const std::string& name, const 
     dtype[v] = s.dtype;
     const std::string ty = program_type(s.dtype);
     std::string e = "static_cast<" + ty + ">(" + info.expr(ops) + ")";
-    // A bfloat16 or float16 op rounds its result, as eager's kernels do.
-    if (s.dtype == c10::kBFloat16) e = "nx_bf16_round(" + e + ")";
-    if (s.dtype == c10::kHalf) e = "static_cast<float>(c10::Half(" + e + "))";
+    // bfloat16 and float16 steps run in float without rounding: FlexAttention evaluates its mods
+    // in float32, its working precision, whatever dtype tracing gave the scores.
     os << "  const " << ty << " " << var[v] << " = " << e << ";\n";
   }
   const int out = p.outputs[0];

@@ -3,6 +3,8 @@
 // mask_mod and the score_mod's gradient), compiled into generated kernels as inline C++
 // functions evaluated once per attention score. Inputs are 0-d values or captured buffers
 // (tensors read at index operands); every node is an op of the op table with a ProgramForm.
+// Floating values are computed in float (bfloat16 and float16 ones too, unrounded: FlexAttention's
+// working precision), integers in int64.
 #include <c10/core/ScalarType.h>
 
 #include <string>
