@@ -701,6 +701,52 @@ def test_disk_cache_warm_start_in_a_new_process(tmp_path):
     assert warm["graph_cache_hits"] == warm["compiles"] == 4, (cold, warm)
 
 
+KEY_PROBE = """
+import json, sys, torch, torch_neuronx
+from torch._dynamo.utils import counters
+from torch._inductor import codecache
+
+calls = []
+for owner, name in ((codecache, "torch_key"), (codecache, "init_backend_registration")):
+    fn = getattr(owner, name)
+    setattr(owner, name, lambda *a, _fn=fn, _n=name: (calls.append(_n), _fn(*a))[1])
+get_system = codecache.CacheBase.get_system
+codecache.CacheBase.get_system = staticmethod(lambda: (calls.append("get_system"), get_system())[1])
+
+def f(x):
+    return torch.nn.functional.gelu(x @ x.t()).sum(-1)
+
+x = torch.randn(64, 64, device="neuron", requires_grad=True)
+states = []
+for setting in sys.argv[1:]:
+    if setting == "deterministic":
+        torch.use_deterministic_algorithms(True)
+    elif setting == "tf32":
+        torch.set_float32_matmul_precision("high")
+    torch._dynamo.reset()
+    before = dict(counters["aot_autograd"])
+    out = torch.compile(f, backend="neuron")(x)
+    out.sum().backward()
+    states.append("hit" if counters["aot_autograd"]["autograd_cache_hit"] > before.get("autograd_cache_hit", 0)
+                  else "miss" if counters["aot_autograd"]["autograd_cache_miss"] > before.get("autograd_cache_miss", 0)
+                  else "bypass")
+torch.testing.assert_close(out.cpu(), f(x.detach().cpu()), rtol=1e-4, atol=1e-4)
+print(json.dumps({"states": states, "calls": calls}))
+"""
+
+
+def test_graph_cache_key_skips_inductors_code_generators_and_keeps_what_decides_a_graph(tmp_path):
+    # The neuron backend's AOTAutograd key does not hash Inductor's sources or Triton, nor register
+    # Inductor's code generators (~1 s of a warm start); what decides the graph still changes it.
+    env = {**os.environ, "TORCH_NEURONX_CACHE_DIR": str(tmp_path), "TORCHINDUCTOR_FORCE_DISABLE_CACHES": "0"}
+    r = subprocess.run([sys.executable, "-c", KEY_PROBE, "base", "base", "deterministic", "deterministic", "tf32"],
+                       capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    assert res["states"] == ["miss", "hit", "miss", "hit", "miss"], res
+    assert res["calls"] == [], res
+
+
 def test_a_training_step_loaded_from_the_graph_cache_regenerates_aliased_outputs(tmp_path):
     # ProphetNet's training graphs return views of intermediates. AOTAutograd regenerates them by
     # replaying recorded views, which read garbage sizes from a loaded cache entry: such graphs are

@@ -1,6 +1,5 @@
 """The Dynamo backend ``neuron``: AOTAutograd around the C++ compiler."""
-import contextlib
-import contextvars
+import collections.abc
 import functools
 import hashlib
 import os
@@ -10,7 +9,7 @@ import warnings
 
 import torch
 
-from . import export, metrics
+from . import export, graph_cache, metrics
 from .decompositions import NEURON_DECOMPOSITIONS
 from .output_code import EagerOutputCode, NeuronOutputCode
 
@@ -24,6 +23,20 @@ def keep_whole():
 
     return [getattr(aten, e["target"].split("::", 1)[1].split(".", 1)[0])
             for e in _C._compiler._op_table() if e["keep_whole"]]
+
+
+class _Decompositions(collections.abc.Mapping):
+    """The decomposition table, built on first use: AOTAutograd reads it only to trace a graph,
+    and a graph found in the cache is not traced."""
+
+    def __getitem__(self, op):
+        return decompositions()[op]
+
+    def __iter__(self):
+        return iter(decompositions())
+
+    def __len__(self):
+        return len(decompositions())
 
 
 @functools.lru_cache(None)
@@ -77,9 +90,15 @@ def _cache_key_tag():
     loaded entry is compiled again (its kernels from the kernel cache)."""
     h = hashlib.sha256()
     here = pathlib.Path(__file__).resolve().parent
-    for name in ("backend.py", "decompositions.py", "export.py", "output_code.py"):
+    for name in ("backend.py", "decompositions.py", "export.py", "graph_cache.py", "output_code.py",
+                 "../_torch_compat.py"):
         h.update((here / name).read_bytes())
-    h.update(repr(sorted(str(k) for k in decompositions())).encode())
+    # What decides the decomposition table without building it (~0.25 s, needed only to trace):
+    # the torch build (in the key already) and the ops kept whole or decomposed our way.
+    from .. import _C
+
+    h.update(repr(sorted(e["target"] for e in _C._compiler._op_table() if e["keep_whole"])).encode())
+    h.update(repr(sorted(str(k) for k in NEURON_DECOMPOSITIONS)).encode())
     return f"neuron:{h.hexdigest()[:20]}"
 
 
@@ -92,23 +111,6 @@ def cache_dir():
     from .. import _C
 
     return _C._compiler._cache_dir()
-
-
-@contextlib.contextmanager
-def _graph_cache():
-    """AOTAutograd keeps its cache under Inductor's cache directory; for the neuron backend's
-    graphs that is ``<cache dir>/graphs`` (user-only), beside the kernels."""
-    graphs = os.path.join(cache_dir(), "graphs")
-    os.makedirs(graphs, mode=0o700, exist_ok=True)
-    before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = graphs
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
-        else:
-            os.environ["TORCHINDUCTOR_CACHE_DIR"] = before
 
 
 def _note_recompile():
@@ -146,7 +148,7 @@ def neuron_backend(gm, example_inputs, **kwargs):
         fw_compiler=compiler("forward"),
         bw_compiler=compiler("backward"),
         inference_compiler=compiler("inference"),
-        decompositions=decompositions(),
+        decompositions=_Decompositions(),
         partition_fn=min_cut_rematerialization_partition,
         keep_inference_input_mutations=True,
     )
@@ -157,43 +159,8 @@ def neuron_backend(gm, example_inputs, **kwargs):
     with torch._functorch.config.patch(bundled_autograd_cache=True, force_non_lazy_backward_lowering=True,
                                        enable_autograd_cache=not _debug_dir()), \
             torch.compiler.config.patch(cache_key_tag=f"{tag}|{_cache_key_tag()}" if tag else _cache_key_tag()), \
-            _graph_cache(), _compiling():
+            graph_cache.directory(), graph_cache.compiling():
         return backend(gm, example_inputs)
-
-
-_COMPILING = contextvars.ContextVar("torch_neuronx_compiling", default=False)
-
-
-@contextlib.contextmanager
-def _compiling():
-    token = _COMPILING.set(True)
-    try:
-        yield
-    finally:
-        _COMPILING.reset(token)
-
-
-def _guard_graph_cache():
-    """Entries whose outputs alias are not written to AOTAutograd's cache for the neuron backend:
-    AOTAutograd regenerates such outputs by replaying the views it recorded, and replayed from a
-    loaded entry those read garbage sizes (torch 2.13; regenerating with as_strided instead is
-    wrong for some graphs). Such graphs compile again in a new process."""
-    from torch._functorch._aot_autograd.autograd_cache import AOTAutogradCache
-
-    save = AOTAutogradCache.save
-    if getattr(save, "_neuronx", False):
-        return
-
-    def guarded(key, entry, remote):
-        meta = getattr(entry, "runtime_metadata", None)
-        if _COMPILING.get() and meta is not None and any(
-                getattr(o, "view_meta_sequence", None) is not None for o in meta.output_info):
-            metrics.record_graph_cache_skip()
-            return None
-        return save(key, entry, remote)
-
-    guarded._neuronx = True
-    AOTAutogradCache.save = staticmethod(guarded)
 
 
 def _host_only_functions():
@@ -213,4 +180,4 @@ def _host_only_functions():
 
 
 _host_only_functions()
-_guard_graph_cache()
+graph_cache.install()
