@@ -100,11 +100,13 @@ def test_first_sight_runs_unfused_while_the_kernel_builds(adaptive):
     x, b = torch.randn(1000), torch.randn(1000)
     xd, bd = x.to(DEV), b.to(DEV)
     fn = lambda x, b: ((x - b) * b - 0.25).relu() / 3.0 + x  # noqa: E731 (a structure no other test has)
-    run_queued(fn, xd, bd)  # first calls of each signature run inline
     torch_neuronx.reset_metrics()
     variants = counts()["variants"]
-    out = run_queued(fn, xd, bd)
+    out = run_queued(fn, xd, bd)  # first calls of each dtype signature run inline: no group then
     c = counts()
+    if c["groups_unfused"] == 0:  # (unless an earlier test in this process made those calls)
+        out = run_queued(fn, xd, bd)
+        c = counts()
     assert c["groups_unfused"] == 1 and c["groups_fused"] == 0 and c["variants"] == variants + 1, c
     assert same_bits(out, fn(x, b))
     assert _C._compiler._adaptive_wait_for_builds(300)

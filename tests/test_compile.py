@@ -78,6 +78,39 @@ def test_pointwise_chain_is_fused_and_equals_eager():
     torch.testing.assert_close(outb.float(), chain(xb.float(), yb.float()), rtol=2e-2, atol=2e-2)
 
 
+def ulps(got, exact, dtype):
+    """|got - exact| in units of the last place of exact rounded to dtype."""
+    r = exact.to(dtype).abs()
+    spacing = (torch.nextafter(r, torch.tensor(math.inf, dtype=dtype)) - r).double()
+    return (got.double() - exact).abs() / spacing
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_generated_tanh_is_within_a_few_ulp_of_the_exact_value_from_subnormals_to_overflow(dtype, tmp_path,
+                                                                                          monkeypatch):
+    # The generated kernels compute tanh themselves (codegen's prelude: a polynomial near 0 and
+    # exp beyond it for float, expm1 for double), not with the vector library's tanh.
+    monkeypatch.setenv("TORCH_NEURONX_DEBUG_DIR", str(tmp_path))
+    g = torch.Generator().manual_seed(0)
+    scales = (1e-30, 1e-6, 0.1, 0.3, 0.59, 0.6, 0.61, 1, 3, 9, 19, 30)
+    v = torch.cat([torch.randn(1 << 15, generator=g, dtype=dtype) * s for s in scales] +
+                  [torch.tensor([0.0, -0.0, math.inf, -math.inf, math.nan, 1e-40, -1e-40, 10.0, 1e30, -1e30],
+                                dtype=dtype)])
+    f = torch.compile(lambda v: torch.tanh(v * 2), backend="neuron", fullgraph=True)
+    out = f(v.to("neuron")).cpu()
+    m = compile_metrics()
+    assert m["fused_groups"] == 1 and m["library_calls"] == {}, m
+    src = next(p for p in tmp_path.iterdir() if p.name.endswith(".cpp")).read_text()
+    body = src[src.index("nx_fused"):]
+    assert "nx_vtanh(" in body and ".tanh()" not in body
+    exact = torch.tanh((v * 2).double())  # (float64: its own rounding is far below the bound)
+    finite = torch.isfinite(v)
+    assert ulps(out[finite], exact[finite], dtype).max().item() <= 2.5
+    assert out[-8:-6].tolist() == [1.0, -1.0] and math.isnan(out[-6])  # tanh(±inf), NaN
+    assert out[-3:].tolist() == [1.0, 1.0, -1.0]
+    assert torch.equal(f((-v).to("neuron")).cpu()[finite], -out[finite])  # odd, bit for bit
+
+
 BROADCASTS = {  # name: (function, operand shapes); the first operand has the group's shape
     "bias_vector": (lambda x, b: torch.tanh(x + b) * 2, [(4, 8, 33, 65), (65,)]),
     "per_row": (lambda x, c: torch.exp(x - c) * 3, [(4, 8, 33, 65), (4, 8, 33, 1)]),

@@ -117,7 +117,7 @@ void add_pointwise(Table& t) {
                 method("reciprocal")));
   put(pointwise(OpId::kSin, "aten::sin", 1, fn("std::sin"), method("sin")));
   put(pointwise(OpId::kCos, "aten::cos", 1, fn("std::cos"), method("cos")));
-  put(pointwise(OpId::kTanh, "aten::tanh", 1, fn("std::tanh"), method("tanh")));
+  put(pointwise(OpId::kTanh, "aten::tanh", 1, fn("nx_tanh"), fn("nx_vtanh")));  // (codegen's prelude)
   put(pointwise(OpId::kErf, "aten::erf", 1, fn("std::erf"), method("erf")));
   put(pointwise(OpId::kLog1p, "aten::log1p", 1, fn("std::log1p"), method("log1p")));
   put(pointwise(OpId::kExpm1, "aten::expm1", 1, fn("std::expm1"), method("expm1")));
