@@ -376,3 +376,45 @@ def test_activation_checkpointing_replays_dropout(mode):
         assert torch.equal(a, b)
     for a, b in zip(grads["neuron", True], grads["cpu", True]):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def _device_kernel_calls(op):
+    import torch_neuronx
+
+    return torch_neuronx.metrics()["ops"].get(op, {}).get("device_kernel", 0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bool, torch.bfloat16, torch.float64, torch.int64])
+def test_bernoulli_device_kernel_draws_cpus_stream_at_user_sizes(dtype):
+    """bernoulli_(p) runs the device kernel (random_kernels.cpp: mt19937 generated in blocks), with
+    CPU's values bit for bit and the stream left where CPU leaves it, across twist boundaries and
+    at a GPT-2 attention dropout's size; a layout it does not take runs CPU's kernel, same values."""
+    before = _device_kernel_calls("aten::bernoulli_.float")
+    for n in (1, 311, 624, 1249, 8 * 6 * 256 * 256):
+        for p in (0.0, 0.1, 0.5, 1 - 2 ** -40, 1.0):
+            c, d = _both(lambda dev: torch.cat([torch.empty(n, device=dev, dtype=dtype).bernoulli_(p),
+                                                torch.rand(3, device=dev).to(dtype)]))  # (and what follows)
+            _assert_bitwise(c, d)
+    assert _device_kernel_calls("aten::bernoulli_.float") - before == 25
+    before = _device_kernel_calls("aten::bernoulli_.float")
+    c, d = _both(lambda dev: torch.empty(300, 200, device=dev, dtype=dtype).t().bernoulli_(0.3))
+    _assert_bitwise(c, d)
+    assert _device_kernel_calls("aten::bernoulli_.float") == before  # (transposed: CPU's kernel)
+
+
+def test_compiled_dropout_runs_the_device_kernel_with_cpus_masks():
+    import torch_neuronx  # noqa: F401
+
+    def fn(x):
+        return F.dropout(x * 2, 0.1, training=True) + 1
+
+    x = torch.randn(64, 1024)
+    torch.manual_seed(SEED)
+    ref = fn(x)
+    before = _device_kernel_calls("aten::bernoulli.p")
+    f = torch.compile(fn, backend="neuron")
+    torch.manual_seed(SEED)
+    out = f(x.to("neuron")).cpu()
+    assert _device_kernel_calls("aten::bernoulli.p") > before
+    assert torch.equal(out == 1, ref == 1)  # the same elements dropped (x * 2 + 1 is never exactly 1 here)
+    torch.testing.assert_close(out, ref)  # (the kept ones rounded as the fused loop rounds)

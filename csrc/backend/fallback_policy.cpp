@@ -17,6 +17,9 @@ constexpr const char* kMetaDisagrees = "its meta kernel predicts other output sh
 constexpr const char* kRandomArgs = "its CPU kernel checks its scalar arguments (a range, a probability, a scale) "
                                     "where the meta kernel does not: the check runs on the host at the op";
 
+constexpr const char* kSameDraws = "a device kernel draws ATen's CPU kernel's mt19937 stream in blocks (the same "
+                                   "values, checked once per process against the CPU kernel)";
+
 const FallbackPolicy kPolicies[] = {
     {"aten::index", kHostIndices | kIndexGet, kIndexOp},
     {"aten::_unsafe_index", kHostIndices | kIndexGet, kIndexOp},
@@ -52,6 +55,8 @@ const FallbackPolicy kPolicies[] = {
     {"aten::exponential_", kProbeScalars, kRandomArgs},
     {"aten::geometric_", kProbeScalars, kRandomArgs},
     {"aten::bernoulli_", kProbeScalars, kRandomArgs},
+    {"aten::bernoulli_.float", kDeviceKernel, kSameDraws, bernoulli_scalar_kernel},
+    {"aten::bernoulli.p", kDeviceKernel, kSameDraws, bernoulli_scalar_kernel},
     {"aten::cauchy_", kProbeScalars, kRandomArgs},
     {"aten::log_normal_", kProbeScalars, kRandomArgs},
     {"aten::masked_scatter_", kMaskToSelf,
@@ -89,6 +94,17 @@ uint32_t policy_flags(const std::string& name, const std::string& overload) {
   return flags;
 }
 
+DeviceKernel device_kernel(const std::string& name, const std::string& overload) {
+  static const auto* m = [] {
+    auto* r = new std::unordered_map<std::string, DeviceKernel>;
+    for (const FallbackPolicy& p : kPolicies)
+      if (p.kernel) (*r)[p.op] = p.kernel;
+    return r;
+  }();
+  auto it = m->find(overload.empty() ? name : name + "." + overload);
+  return it == m->end() ? nullptr : it->second;
+}
+
 std::string policy_flag_names(uint32_t flags) {
   static const std::pair<PolicyFlag, const char*> kNames[] = {
       {kHostIndices, "host_indices"},   {kIndexGet, "index_get"},
@@ -97,6 +113,7 @@ std::string policy_flag_names(uint32_t flags) {
       {kEvalStatsEmpty, "eval_stats_empty"},     {kRouteDirect, "route_direct"},
       {kProbeScalars, "probe_scalars"},          {kMaskToSelf, "mask_to_self"},
       {kHostCopy, "host_copy"},                  {kHostCopyResize, "host_copy_resize"},
+      {kDeviceKernel, "device_kernel"},
   };
   std::string out;
   for (const auto& [f, n] : kNames)

@@ -5,6 +5,8 @@
 // Nothing else in the fallback compares operator names.
 #include <c10/util/ArrayRef.h>
 
+#include "backend/random_kernels.h"
+
 #include <cstdint>
 #include <string>
 
@@ -23,12 +25,14 @@ enum PolicyFlag : uint32_t {
   kMaskToSelf = 1u << 9,        // in place: the mask (operand 1) must broadcast to self
   kHostCopy = 1u << 10,         // quantized tensors: copy_'s backend half runs as a host copy
   kHostCopyResize = 1u << 11,   // ... and resizes the destination first
+  kDeviceKernel = 1u << 12,     // a device kernel runs in place of CPU's (the entry's `kernel`)
 };
 
 struct FallbackPolicy {
   const char* op;  // "aten::index" (every overload) or "aten::mode.values"
   uint32_t flags;
   const char* why;
+  DeviceKernel kernel = nullptr;  // (an overload's entry) runs in place of its CPU kernel
 };
 
 // Every entry (for registration and for the test that each names an op).
@@ -36,6 +40,9 @@ c10::ArrayRef<FallbackPolicy> fallback_policies();
 
 // The flags for an operator: its overload's entry and its name's entry.
 uint32_t policy_flags(const std::string& name, const std::string& overload);
+
+// The device kernel of an operator overload (its own entry's), or nullptr.
+DeviceKernel device_kernel(const std::string& name, const std::string& overload);
 
 // Names of the flags set in `flags` ("host_indices", ...), for Python.
 std::string policy_flag_names(uint32_t flags);

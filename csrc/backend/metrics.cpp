@@ -43,6 +43,7 @@ MetricsSnapshot metrics_snapshot() {
       if (auto v = c->sync.load()) m["sync"] = v;
       if (auto v = c->view.load()) m["view"] = v;
       if (auto v = c->native.load()) m["native"] = v;
+      if (auto v = c->device_kernel.load()) m["device_kernel"] = v;
       if (!m.empty()) s.ops[name] = std::move(m);
     }
   }
@@ -54,7 +55,7 @@ MetricsSnapshot metrics_snapshot() {
 
 void reset_metrics() {
   std::lock_guard<std::mutex> g(g_mu);
-  for (auto& [name, c] : table()) c->async = c->sync = c->view = c->native = 0;
+  for (auto& [name, c] : table()) c->async = c->sync = c->view = c->native = c->device_kernel = 0;
   for (auto& v : g_syncs) v = 0;
   g_aliases.made = 0;
   g_aliases.reused = 0;

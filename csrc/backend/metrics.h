@@ -13,6 +13,7 @@ struct OpCounters {
   std::atomic<uint64_t> sync{0};   // ran after draining the stream (no meta / data-dependent shape)
   std::atomic<uint64_t> view{0};   // metadata only, no kernel
   std::atomic<uint64_t> native{0}; // a backend kernel of its own (copy, empty, item, ...)
+  std::atomic<uint64_t> device_kernel{0};  // ran a device kernel in place of CPU's (random_kernels.h)
 };
 
 // Stable per-name counters (never freed).

@@ -82,6 +82,7 @@ OpAnalysis::OpAnalysis(const c10::OperatorHandle& h) : op(h) {
     if (arg < 0 && is_tensor_type(s.returns()[r].type())) any_new = true;
   }
   policy = policy_flags(s.name(), s.overload_name());
+  device_kernel = neuronx::device_kernel(s.name(), s.overload_name());
   allow_cpu_operands = policy & kHostIndices;
   indexing = (policy & kIndexGet) ? Indexing::kGet : (policy & kIndexPut) ? Indexing::kPut : Indexing::kNone;
   fills = policy & kFill;

@@ -60,12 +60,20 @@ void OpKernel::materialize() {
 
 void OpKernel::execute() {
   materialize();
+  // Ours in place of the CPU kernel, writing `out` (fallback_policy.h), where it applies.
+  auto device_kernel_ran = [&](const c10::IValue& out) {
+    if (!op_->device_kernel || !out.isTensor() || !op_->device_kernel(out.toTensor(), args_)) return false;
+    op_->counters->device_kernel.fetch_add(1, std::memory_order_relaxed);
+    return true;
+  };
   at::AutoDispatchBelowADInplaceOrView below;
   switch (mode_) {
     case Mode::kDirect:
+      if (!op_->ret_arg.empty() && op_->ret_arg[0] >= 0 && device_kernel_ran(args_[op_->ret_arg[0]])) return;
       op_->op.redispatchBoxed(kCPUKeys, &args_);
       return;
     case Mode::kOut: {
+      if (outs_.size() == 1 && device_kernel_ran(outs_[0])) return;
       c10::Stack s;
       s.reserve(args_.size() + outs_.size());
       size_t in = 0, out = 0;
@@ -101,6 +109,7 @@ void OpKernel::execute() {
       [[fallthrough]];
     }
     case Mode::kFunctionalCopy: {
+      if (outs_.size() == 1 && device_kernel_ran(outs_[0])) return;
       op_->op.redispatchBoxed(kCPUKeys, &args_);
       auto copy_out = [&](const at::Tensor& dst, const at::Tensor& src) {
         if (!dst.defined()) return;

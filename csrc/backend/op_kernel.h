@@ -12,6 +12,7 @@
 #include "backend/common.h"
 #include "backend/meta_cache.h"
 #include "backend/metrics.h"
+#include "backend/random_kernels.h"
 #include "runtime/recycled.h"
 #include "backend/tensor_views.h"
 #include "runtime/kernel.h"
@@ -42,6 +43,7 @@ struct OpAnalysis {
   bool fills = false;                      // fill_: the host sees the value written (seen_values.h)
   bool eval_stats_empty = false;           // batch norm: CPU returns empty saved stats in eval
   uint32_t policy = 0;                     // its fallback_policy.h flags
+  DeviceKernel device_kernel = nullptr;    // ours in place of the CPU kernel (fallback_policy.h)
   std::optional<c10::OperatorHandle> out_op;  // out= form for purely functional ops
   mutable std::atomic<bool> sync_only{false};  // no (reliable) meta kernel: always the synchronous path
   mutable std::atomic<bool> out_form_resizes{false};  // out= kernel reallocates: use the functional form

@@ -11,6 +11,7 @@
 #include <numeric>
 #include <set>
 
+#include "backend/fallback_policy.h"
 #include "compiler/epilogue_fusion.h"
 
 namespace neuronx::compiler {
@@ -95,6 +96,16 @@ Executable::Executable(Graph g, std::vector<FusionGroup> groups, std::vector<Ker
     if (n.kind == Node::Kind::kAten && n.fused_group < 0 && n.neuron_kernel == Node::NeuronKernel::kNever &&
         n.outputs.size() == 1 && graph_.values[n.outputs[0]].kind == Value::Kind::kTensor)
       out_op_[i] = out_overload(n);
+  }
+  device_kernel_.assign(graph_.nodes.size(), nullptr);
+  device_kernel_counters_.assign(graph_.nodes.size(), nullptr);
+  for (size_t i = 0; i < graph_.nodes.size(); ++i) {
+    const Node& n = graph_.nodes[i];
+    if (n.kind != Node::Kind::kAten || n.fused_group >= 0 || n.outputs.size() != 1) continue;
+    const auto& s = n.op->schema();
+    if (std::all_of(s.returns().begin(), s.returns().end(), [](const auto& r) { return r.alias_info() == nullptr; }))
+      if ((device_kernel_[i] = device_kernel(s.name(), s.overload_name())))
+        device_kernel_counters_[i] = &op_counters(s.name() + (s.overload_name().empty() ? "" : "." + s.overload_name()));
   }
   promised_strides_.resize(graph_.values.size());
   for (const Node& n : graph_.nodes) {  // (a fused node runs as a library call when its group cannot)

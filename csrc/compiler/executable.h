@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "backend/metrics.h"
+#include "backend/random_kernels.h"
 #include "compiler/codegen.h"
 #include "compiler/graph.h"
 #include "compiler/kernel_cache.h"
@@ -84,6 +86,8 @@ class __attribute__((visibility("hidden"))) Executable : public std::enable_shar
   // choose (the arena, or the caller's output) instead of memory the op allocates.
   std::vector<std::optional<c10::OperatorHandle>> out_op_;
   std::unique_ptr<std::atomic<bool>[]> out_failed_;  // per node: its out= call raised once
+  std::vector<DeviceKernel> device_kernel_;  // per functional node: ours in place of CPU's (fallback_policy.h)
+  std::vector<OpCounters*> device_kernel_counters_;  // ...counted in its op's metrics
   MemoryPlan plan_;
   std::vector<bool> folded_;             // per node: evaluated at build time
   std::vector<std::pair<int, c10::IValue>> constants_;  // folded values and their results

@@ -3,6 +3,7 @@
 #include <ATen/ExpandUtils.h>
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 #include <ATen/ops/empty_strided.h>
 #include <ATen/ops/full.h>
 
@@ -110,6 +111,17 @@ void Executable::run_node(int ni, std::vector<c10::IValue>& env, const std::vect
       case ArgConv::kAsIs:
         stack.push_back(item(a));
         break;
+    }
+  }
+  // A device kernel in place of CPU's (random_kernels.h), also writing where we choose.
+  if (DeviceKernel k = device_kernel_[ni]; k && !stack.empty() && stack[0].isTensor()) {
+    at::Tensor dst = destination(n.outputs[0], outputs, arena);
+    if (!dst.defined()) dst = at::empty_like(stack[0].toTensor(), at::MemoryFormat::Contiguous);
+    if (k(dst, stack)) {
+      device_kernel_counters_[ni]->device_kernel.fetch_add(1, std::memory_order_relaxed);
+      env[n.outputs[0]] = std::move(dst);
+      conform(ni, env);
+      return;
     }
   }
   // Written where we choose (the arena, the caller's output) through the op's out= overload.
