@@ -57,6 +57,10 @@ const FallbackPolicy kPolicies[] = {
     {"aten::bernoulli_", kProbeScalars, kRandomArgs},
     {"aten::bernoulli_.float", kDeviceKernel, kSameDraws, bernoulli_scalar_kernel},
     {"aten::bernoulli.p", kDeviceKernel, kSameDraws, bernoulli_scalar_kernel},
+    {"aten::max_pool2d_with_indices", kDeviceKernel,
+     "a device kernel for contiguous (N)CHW float inputs: ATen's NCHW kernel branches on every element's value "
+     "(mispredicted half the time); the same values and indices, checked once per process against it",
+     max_pool2d_kernel},
     {"aten::cauchy_", kProbeScalars, kRandomArgs},
     {"aten::log_normal_", kProbeScalars, kRandomArgs},
     {"aten::masked_scatter_", kMaskToSelf,

@@ -5,7 +5,7 @@
 // Nothing else in the fallback compares operator names.
 #include <c10/util/ArrayRef.h>
 
-#include "backend/random_kernels.h"
+#include "backend/device_kernels.h"
 
 #include <cstdint>
 #include <string>

@@ -61,8 +61,14 @@ void OpKernel::materialize() {
 void OpKernel::execute() {
   materialize();
   // Ours in place of the CPU kernel, writing `out` (fallback_policy.h), where it applies.
-  auto device_kernel_ran = [&](const c10::IValue& out) {
-    if (!op_->device_kernel || !out.isTensor() || !op_->device_kernel(out.toTensor(), args_)) return false;
+  auto device_kernel_ran = [&](c10::ArrayRef<c10::IValue> outs) {
+    if (!op_->device_kernel || outs.empty()) return false;
+    c10::SmallVector<at::Tensor, 2> ts;
+    for (const c10::IValue& o : outs) {
+      if (!o.isTensor()) return false;
+      ts.push_back(o.toTensor());
+    }
+    if (!op_->device_kernel(ts, args_)) return false;
     op_->counters->device_kernel.fetch_add(1, std::memory_order_relaxed);
     return true;
   };
@@ -73,7 +79,7 @@ void OpKernel::execute() {
       op_->op.redispatchBoxed(kCPUKeys, &args_);
       return;
     case Mode::kOut: {
-      if (outs_.size() == 1 && device_kernel_ran(outs_[0])) return;
+      if (device_kernel_ran(outs_)) return;
       c10::Stack s;
       s.reserve(args_.size() + outs_.size());
       size_t in = 0, out = 0;
@@ -109,7 +115,7 @@ void OpKernel::execute() {
       [[fallthrough]];
     }
     case Mode::kFunctionalCopy: {
-      if (outs_.size() == 1 && device_kernel_ran(outs_[0])) return;
+      if (device_kernel_ran(outs_)) return;
       op_->op.redispatchBoxed(kCPUKeys, &args_);
       auto copy_out = [&](const at::Tensor& dst, const at::Tensor& src) {
         if (!dst.defined()) return;

@@ -12,7 +12,7 @@
 #include "backend/common.h"
 #include "backend/meta_cache.h"
 #include "backend/metrics.h"
-#include "backend/random_kernels.h"
+#include "backend/device_kernels.h"
 #include "runtime/recycled.h"
 #include "backend/tensor_views.h"
 #include "runtime/kernel.h"

@@ -1,10 +1,10 @@
-// Random ops' device kernels (random_kernels.h). ATen's CPU kernels call the generator once per
+// Random ops' device kernels (device_kernels.h). ATen's CPU kernels call the generator once per
 // 32-bit draw (a branch and a state update each, under the generator's lock, one element at a
 // time); the stream is the same when generated a block of 624 words at a time, which is how
 // mt19937 is defined. Before a kernel is used its output is compared once per process with ATen's
 // CPU kernel on a probe: ATen takes another algorithm on some CPUs (MKL's generator on Intel), and
 // there the CPU kernel keeps running.
-#include "backend/random_kernels.h"
+#include "backend/device_kernels.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Dispatch.h>
@@ -121,11 +121,11 @@ bool bernoulli_matches_cpu() {
 
 }  // namespace
 
-bool bernoulli_scalar_kernel(const at::Tensor& out, c10::ArrayRef<c10::IValue> args) {
+bool bernoulli_scalar_kernel(c10::ArrayRef<at::Tensor> outs, c10::ArrayRef<c10::IValue> args) {
   // (self, float p, Generator? generator)
-  if (args.size() != 3 || !args[1].isDouble() || !out.defined() || !out.is_contiguous() || out.is_conj() ||
-      out.is_neg())
-    return false;
+  if (outs.size() != 1 || args.size() != 3 || !args[1].isDouble()) return false;
+  const at::Tensor& out = outs[0];
+  if (!out.defined() || !out.is_contiguous() || out.is_conj() || out.is_neg()) return false;
   const double p = args[1].toDouble();
   if (!(p >= 0 && p <= 1)) return false;  // (ATen's kernel raises its error)
   static const bool same = bernoulli_matches_cpu();

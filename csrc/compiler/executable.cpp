@@ -3,6 +3,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/enum_tag.h>
+#include <ATen/ops/empty_strided.h>
 #include <ATen/ops/from_blob.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
@@ -101,7 +102,7 @@ Executable::Executable(Graph g, std::vector<FusionGroup> groups, std::vector<Ker
   device_kernel_counters_.assign(graph_.nodes.size(), nullptr);
   for (size_t i = 0; i < graph_.nodes.size(); ++i) {
     const Node& n = graph_.nodes[i];
-    if (n.kind != Node::Kind::kAten || n.fused_group >= 0 || n.outputs.size() != 1) continue;
+    if (n.kind != Node::Kind::kAten || n.fused_group >= 0 || n.outputs.empty()) continue;
     const auto& s = n.op->schema();
     if (std::all_of(s.returns().begin(), s.returns().end(), [](const auto& r) { return r.alias_info() == nullptr; }))
       if ((device_kernel_[i] = device_kernel(s.name(), s.overload_name())))
@@ -277,6 +278,22 @@ int Executable::out_calls() const {
 }
 
 int Executable::folded() const { return static_cast<int>(std::count(folded_.begin(), folded_.end(), true)); }
+
+std::vector<at::Tensor> Executable::device_kernel_outputs(int ni, const std::vector<at::Tensor>& outputs,
+                                                          char* arena) const {
+  std::vector<at::Tensor> ts;
+  for (int o : graph_.nodes[ni].outputs) {
+    at::Tensor t = destination(o, outputs, arena);
+    if (!t.defined()) {
+      const Value& v = graph_.values[o];
+      if (v.kind != Value::Kind::kTensor || !v.meta || !v.meta->is_static()) return {};
+      t = at::empty_strided(static_ints(v.meta->sizes), static_ints(v.meta->strides),
+                            at::TensorOptions().dtype(v.meta->dtype));
+    }
+    ts.push_back(std::move(t));
+  }
+  return ts;
+}
 
 at::Tensor Executable::destination(int v, const std::vector<at::Tensor>& outputs, char* arena) const {
   if (arena && plan_.offset[v] >= 0) {

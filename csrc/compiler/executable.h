@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "backend/metrics.h"
-#include "backend/random_kernels.h"
+#include "backend/device_kernels.h"
 #include "compiler/codegen.h"
 #include "compiler/graph.h"
 #include "compiler/kernel_cache.h"
@@ -51,6 +51,9 @@ class __attribute__((visibility("hidden"))) Executable : public std::enable_shar
                 c10::DeviceIndex d) const;
   // Where value v is written: its place in the arena or the caller's output, if it has one.
   at::Tensor destination(int v, const std::vector<at::Tensor>& outputs, char* arena) const;
+  // Node ni's results for a device kernel to write: destination() or new tensors with the meta's
+  // geometry; empty when some result's geometry is not static.
+  std::vector<at::Tensor> device_kernel_outputs(int ni, const std::vector<at::Tensor>& outputs, char* arena) const;
   void plan();
   void fold_constants();
   // How run_node turns an operand into the value the op's schema takes: decided per argument

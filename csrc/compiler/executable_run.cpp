@@ -113,13 +113,12 @@ void Executable::run_node(int ni, std::vector<c10::IValue>& env, const std::vect
         break;
     }
   }
-  // A device kernel in place of CPU's (random_kernels.h), also writing where we choose.
-  if (DeviceKernel k = device_kernel_[ni]; k && !stack.empty() && stack[0].isTensor()) {
-    at::Tensor dst = destination(n.outputs[0], outputs, arena);
-    if (!dst.defined()) dst = at::empty_like(stack[0].toTensor(), at::MemoryFormat::Contiguous);
-    if (k(dst, stack)) {
+  // A device kernel in place of CPU's (device_kernels.h), also writing where we choose.
+  if (DeviceKernel k = device_kernel_[ni]) {
+    std::vector<at::Tensor> dsts = device_kernel_outputs(ni, outputs, arena);
+    if (!dsts.empty() && k(dsts, stack)) {
       device_kernel_counters_[ni]->device_kernel.fetch_add(1, std::memory_order_relaxed);
-      env[n.outputs[0]] = std::move(dst);
+      for (size_t r = 0; r < dsts.size(); ++r) env[n.outputs[r]] = std::move(dsts[r]);
       conform(ni, env);
       return;
     }
