@@ -5,6 +5,7 @@
 
 #include <cstring>
 
+#include "backend/kernel_scratch.h"
 #include "backend/allocator.h"
 #include "backend/common.h"
 #include "backend/seen_values.h"
@@ -45,6 +46,7 @@ class NeuronDeviceAllocator final : public c10::DeviceAllocator {
   void emptyCache(c10::MempoolId_t) override {
     if (!rt::is_initialized()) return;
     for (int i = 0; i < rt::device_count(); ++i) runtime_device(i).allocator().empty_cache();
+    empty_kernel_scratch();
   }
   void recordStream(const c10::DataPtr& ptr, c10::Stream s) override { record_stream_use(ptr, s); }
   c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex d) override {

@@ -12,6 +12,7 @@
 #include <torch/csrc/Event.h>
 #include <torch/csrc/Generator.h>
 
+#include "backend/kernel_scratch.h"
 #include "backend/generator.h"
 
 #include "backend/bindings.h"
@@ -74,6 +75,7 @@ PYBIND11_MODULE(_C, m) {
   register_direct_fallbacks();
   register_sparse_kernels();
   register_quantized_kernels();
+  install_kernel_scratch_allocator();
   init_autocast_dtype();
   set_clear_python_error([] {
     py::gil_scoped_acquire gil;

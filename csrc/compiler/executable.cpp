@@ -235,6 +235,11 @@ void Executable::plan() {
       const Node& n = graph_.nodes[steps_[s].index];
       for (const auto& a : n.args) for_each_value(a, read);
       for (int o : n.outputs) first[o] = step;
+      if (device_kernel_[steps_[s].index])  // (its results are written where we choose too)
+        for (int o : n.outputs) {
+          const auto& m = graph_.values[o].meta;
+          candidate[o] = m && m->is_static_contiguous();
+        }
       if (out_op_[steps_[s].index]) {
         const auto& m = graph_.values[n.outputs[0]].meta;
         // Row-major only: ATen's out= kernels do not all honour other strides (CPU's gelu.out

@@ -1,0 +1,120 @@
+// Host memory that ATen's CPU kernels allocate while they run on the device's engine threads:
+// a library call's results in a compiled graph, a functional op's result before it is copied
+// into device memory, a kernel's own temporaries. Through the default CPU allocator every such
+// block of a megabyte or more is a fresh mmap, and each of its pages faults on first touch: a
+// GPT-2 training step took 87,000 page faults (340 MB of fresh pages) every step, compiled.
+// These blocks play the part of a NeuronCore's scratch memory, so they are kept and reused, by
+// size, like the device's own memory (torch.neuron.empty_cache() returns them).
+#include "backend/kernel_scratch.h"
+
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/impl/alloc_cpu.h>
+
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "runtime/queue.h"
+
+namespace neuronx {
+
+namespace {
+
+constexpr size_t kMinBytes = size_t{1} << 20;   // smaller blocks come from malloc's own heap
+constexpr size_t kGranule = size_t{64} << 10;   // sizes are rounded up to this, then reused exactly
+constexpr size_t kMaxCached = size_t{2} << 30;  // idle bytes kept at most
+
+class ScratchAllocator final : public c10::Allocator {
+ public:
+  explicit ScratchAllocator(c10::Allocator* base) : base_(base), base_raw_deleter_(base->raw_deleter()) {}
+
+  c10::DataPtr allocate(size_t n) override {
+    if (n < kMinBytes || !rt::on_engine_thread()) return base_->allocate(n);
+    const size_t size = (n + kGranule - 1) / kGranule * kGranule;
+    void* p = nullptr;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      auto it = idle_.find(size);
+      if (it != idle_.end() && !it->second.empty()) {
+        p = it->second.back();
+        it->second.pop_back();
+        idle_bytes_ -= size;
+        live_.emplace(p, size);
+      }
+    }
+    if (!p) {
+      p = c10::alloc_cpu(size);
+      std::lock_guard<std::mutex> g(mu_);
+      live_.emplace(p, size);
+    }
+    return {p, p, &release, c10::Device(c10::kCPU)};
+  }
+
+  // Also the raw deleter: blocks of base_ (raw_allocate of small sizes) go back to it.
+  static void release(void* p) { instance()->put(p); }
+  c10::DeleterFnPtr raw_deleter() const override { return &release; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+
+  void empty() {
+    std::vector<void*> blocks;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      for (auto& [size, v] : idle_) blocks.insert(blocks.end(), v.begin(), v.end());
+      idle_.clear();
+      idle_bytes_ = 0;
+    }
+    for (void* p : blocks) c10::free_cpu(p);
+  }
+
+  static ScratchAllocator*& instance() {
+    static ScratchAllocator* a = nullptr;
+    return a;
+  }
+
+ private:
+  void put(void* p) {
+    bool ours = false;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      auto it = live_.find(p);
+      if (it != live_.end()) {
+        ours = true;
+        const size_t size = it->second;
+        live_.erase(it);
+        if (idle_bytes_ + size <= kMaxCached) {
+          idle_[size].push_back(p);
+          idle_bytes_ += size;
+          return;
+        }
+      }
+    }
+    if (ours) c10::free_cpu(p);
+    else base_raw_deleter_(p);
+  }
+
+  c10::Allocator* base_;
+  c10::DeleterFnPtr base_raw_deleter_;
+  std::mutex mu_;
+  std::unordered_map<void*, size_t> live_;
+  std::unordered_map<size_t, std::vector<void*>> idle_;
+  size_t idle_bytes_ = 0;
+};
+
+}  // namespace
+
+void install_kernel_scratch_allocator() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    auto* a = new ScratchAllocator(c10::GetCPUAllocator());  // lives as long as the process
+    ScratchAllocator::instance() = a;
+    c10::SetCPUAllocator(a, /*priority=*/1);
+  });
+}
+
+void empty_kernel_scratch() {
+  if (ScratchAllocator* a = ScratchAllocator::instance()) a->empty();
+}
+
+}  // namespace neuronx
