@@ -5,6 +5,7 @@
 // stride 2 (the common pooling) has its own loop.
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
+#include <ATen/native/Pool.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/equal.h>
 #include <ATen/ops/max_pool2d_with_indices.h>
@@ -194,7 +195,8 @@ bool max_pool2d_kernel(c10::ArrayRef<at::Tensor> outs, c10::ArrayRef<c10::IValue
   if (outs.size() != 2 || args.size() != 6 || !args[0].isTensor()) return false;
   const at::Tensor& in = args[0].toTensor();
   const at::Tensor &out = outs[0], &idx = outs[1];
-  if ((in.dim() != 3 && in.dim() != 4) || !in.is_contiguous() || !out.is_contiguous() || !idx.is_contiguous() ||
+  if (!out.defined() || !idx.defined() || (in.dim() != 3 && in.dim() != 4) || !in.is_contiguous() ||
+      !out.is_contiguous() || !idx.is_contiguous() ||
       (in.scalar_type() != at::kFloat && in.scalar_type() != at::kDouble) || out.scalar_type() != in.scalar_type() ||
       idx.scalar_type() != at::kLong || out.dim() != in.dim() || idx.sizes() != out.sizes() ||
       in.numel() / std::max<int64_t>(1, in.size(-2) * in.size(-1)) !=
@@ -208,6 +210,15 @@ bool max_pool2d_kernel(c10::ArrayRef<at::Tensor> outs, c10::ArrayRef<c10::IValue
   if (p.kH <= 0 || p.kW <= 0 || p.sH <= 0 || p.sW <= 0 || p.dH <= 0 || p.dW <= 0 || p.pH < 0 || p.pW < 0 ||
       p.pH > p.kH / 2 || p.pW > p.kW / 2)
     return false;  // (ATen's kernel raises its error)
+  // The output sizes ATen's shape formula gives (the loops rely on them).
+  if (!args[5].isBool()) return false;
+  const bool ceil = args[5].toBool();
+  auto extent = [&](int64_t size, int64_t k, int64_t pad, int64_t stride, int64_t dil) {
+    return at::native::pooling_output_shape<int64_t>(size, k, pad, stride, dil, ceil);
+  };
+  if (out.size(-2) != extent(in.size(-2), p.kH, p.pH, p.sH, p.dH) ||
+      out.size(-1) != extent(in.size(-1), p.kW, p.pW, p.sW, p.dW))
+    return false;
   static const bool same = matches_cpu();
   return same && run(out, idx, in, p);
 }

@@ -53,7 +53,8 @@ inline uint32_t temper(uint32_t y) {
 __attribute__((target_clones("avx512f", "avx2", "default")))
 void draw(at::mt19937& e, uint32_t* __restrict__ out, int64_t n) {
   at::mt19937_data_pod d = e.data();
-  if (d.left_ < 1 || d.left_ > kN || static_cast<int64_t>(d.next_) + d.left_ - 1 != kN) {
+  const bool fresh = d.left_ == 1 && d.next_ == 0;  // (as seeded: the next draw twists first)
+  if (!fresh && (d.left_ < 1 || d.left_ > kN || static_cast<int64_t>(d.next_) + d.left_ - 1 != kN)) {
     for (int64_t i = 0; i < n; ++i) out[i] = e();  // (a state ATen's engine would not produce)
     return;
   }
@@ -99,7 +100,13 @@ void fill_bernoulli(T* out, int64_t n, double p, at::CPUGeneratorImpl* gen) {
 
 bool fill_bernoulli_tensor(const at::Tensor& out, double p, at::CPUGeneratorImpl* gen) {
   const at::ScalarType t = out.scalar_type();
-  if (!at::isFloatingType(t) && !at::isIntegralType(t, /*includeBool=*/true)) return false;  // (as ATen's)
+  switch (t) {  // ATen's dispatch list (all types and bool, bfloat16, half); others: its kernel raises
+    case at::kByte: case at::kChar: case at::kShort: case at::kInt: case at::kLong: case at::kFloat:
+    case at::kDouble: case at::kBool: case at::kBFloat16: case at::kHalf:
+      break;
+    default:
+      return false;
+  }
   bool done = false;
   AT_DISPATCH_ALL_TYPES_AND3(at::ScalarType::Bool, at::ScalarType::BFloat16, at::ScalarType::Half,
                              out.scalar_type(), "neuron_bernoulli", [&] {
