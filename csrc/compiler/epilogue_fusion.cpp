@@ -71,12 +71,14 @@ std::string unary_attr(const Node& n, std::string& algorithm) {
   return algorithm == "none" || algorithm == "tanh" ? i.post_op : "";
 }
 
-// A float32 2-D convolution oneDNN's fused op takes as it is: contiguous NCHW input and
-// weight, constant geometry, not transposed, no output padding.
+// A float32 2-D convolution oneDNN's fused op takes as it is: an NCHW or channels-last input
+// (the layout pass gives convolutions channels-last inputs), a contiguous weight, constant
+// geometry, not transposed, no output padding.
 bool convolution_eligible(const Graph& g, const Node& n) {
   const TensorMeta *x = tensor_meta(g, n.args[0]), *w = tensor_meta(g, n.args[1]);
   const TensorMeta* y = g.values[n.outputs[0]].meta ? &*g.values[n.outputs[0]].meta : nullptr;
-  if (!x || !w || !y || x->sizes.size() != 4 || w->sizes.size() != 4 || !x->is_static_contiguous() ||
+  if (!x || !w || !y || x->sizes.size() != 4 || w->sizes.size() != 4 ||
+      !(x->is_static_contiguous() || x->is_static_channels_last()) ||
       !w->is_static_contiguous() || x->dtype != c10::ScalarType::Float || w->dtype != x->dtype || !y->is_static())
     return false;
   double elements = 1;

@@ -146,6 +146,17 @@ bool TensorMeta::is_static_contiguous() const {
   return true;
 }
 
+bool TensorMeta::is_static_channels_last() const {
+  if (sizes.size() != 4 || !is_static()) return false;
+  int64_t expected = 1;
+  for (size_t i : {1, 3, 2, 0}) {
+    const int64_t size = sizes[i].value();
+    if (size != 1 && strides[i].value() != expected) return false;
+    expected *= size;
+  }
+  return true;
+}
+
 bool TensorMeta::same_sizes(const TensorMeta& other) const {
   if (sizes.size() != other.sizes.size()) return false;
   for (size_t i = 0; i < sizes.size(); ++i)

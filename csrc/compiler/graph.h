@@ -55,6 +55,7 @@ struct TensorMeta {
   std::vector<SymExpr> sizes, strides;
   bool is_static() const;
   bool is_static_contiguous() const;  // static, with row-major strides
+  bool is_static_channels_last() const;  // static 4-D, dense in (N, H, W, C) order
   bool same_sizes(const TensorMeta& other) const;  // the same size expressions
 };
 

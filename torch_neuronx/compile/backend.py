@@ -9,7 +9,7 @@ import warnings
 
 import torch
 
-from . import export, graph_cache, metrics
+from . import export, graph_cache, layout, metrics
 from .decompositions import NEURON_DECOMPOSITIONS
 from .output_code import EagerOutputCode, NeuronOutputCode
 
@@ -65,6 +65,7 @@ def compile_graph(gm, example_inputs, kind):
     """One FX graph (forward, backward or inference) → an ``OutputCode`` running the executable."""
     t0 = time.perf_counter()
     dbg = _debug_dir()
+    metrics.record_layout(*layout.channels_last(gm, kind))
     try:
         desc, consts = export.export(gm)
     except export.Unsupported as e:
@@ -90,7 +91,7 @@ def _cache_key_tag():
     loaded entry is compiled again (its kernels from the kernel cache)."""
     h = hashlib.sha256()
     here = pathlib.Path(__file__).resolve().parent
-    for name in ("backend.py", "decompositions.py", "export.py", "graph_cache.py", "output_code.py",
+    for name in ("backend.py", "decompositions.py", "export.py", "graph_cache.py", "layout.py", "output_code.py",
                  "../_torch_compat.py"):
         h.update((here / name).read_bytes())
     # What decides the decomposition table without building it (~0.25 s, needed only to trace):
@@ -159,7 +160,7 @@ def neuron_backend(gm, example_inputs, **kwargs):
     with torch._functorch.config.patch(bundled_autograd_cache=True, force_non_lazy_backward_lowering=True,
                                        enable_autograd_cache=not _debug_dir()), \
             torch.compiler.config.patch(cache_key_tag=f"{tag}|{_cache_key_tag()}" if tag else _cache_key_tag()), \
-            graph_cache.directory(), graph_cache.compiling():
+            graph_cache.directory(), graph_cache.compiling(), layout.saved_layouts():
         return backend(gm, example_inputs)
 
 

@@ -1,0 +1,136 @@
+"""The compiler's layout pass: convolution graphs run channels-last (torch_neuronx/compile/layout.py)."""
+import copy
+import sys
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import torch_neuronx  # noqa: F401
+from helpers import compiled_tier_test
+from torch_neuronx.compile import compile_metrics, layout
+
+CL = torch.channels_last
+
+
+@pytest.fixture(autouse=True)
+def fresh(tmp_path_factory, monkeypatch, request):
+    yield from compiled_tier_test(tmp_path_factory, monkeypatch, request)
+
+
+class CNN(nn.Module):
+    """The benchmark's CNN (conv, batch norm, ReLU, max-pool x3, then a classifier)."""
+
+    def __init__(self, widths=(32, 64, 128), classes=10):
+        super().__init__()
+        layers, cin = [], 3
+        for cout in widths:
+            layers += [nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(), nn.MaxPool2d(2)]
+            cin = cout
+        self.features = nn.Sequential(*layers)
+        self.head = nn.Linear(cin, classes)
+
+    def forward(self, x):
+        return self.head(self.features(x).mean((2, 3)))
+
+
+def _step(model, x, y):
+    loss = F.cross_entropy(model(x), y)
+    loss.backward()
+    return loss
+
+
+def _data(batch, size, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(batch, 3, size, size, generator=g), torch.randint(0, 10, (batch,), generator=g)
+
+
+def _compare_grads(cpu_model, dev_model):
+    for (name, p), q in zip(cpu_model.named_parameters(), dev_model.parameters()):
+        assert q.grad.stride() == q.stride(), name  # the parameter's layout, not the pass's
+        torch.testing.assert_close(q.grad.cpu(), p.grad, rtol=1e-4, atol=1e-4, msg=name)
+
+
+def test_cnn_training_step_runs_channels_last_and_matches_cpu():
+    # The benchmark's CNN at batch 16, 64x64 (2M-element activations). The compiled step's
+    # convolutions (3 forward, 3 backward) read channels-last inputs, the forward's saved
+    # activations reach the backward channels-last, and what the user sees (loss, gradients,
+    # running stats) matches CPU eager run in the same layout (the summation order a layout
+    # implies differs between NCHW and NHWC kernels).
+    torch.manual_seed(0)
+    cpu = CNN().train()
+    dev = copy.deepcopy(cpu).to("neuron")
+    x, y = _data(16, 64)
+    ref_model = copy.deepcopy(cpu).to(memory_format=CL)
+    ref = _step(ref_model, x.contiguous(memory_format=CL), y)
+    got = _step(torch.compile(dev, backend="neuron"), x.to("neuron"), y.to("neuron"))
+    torch.testing.assert_close(got.cpu(), ref, rtol=1e-5, atol=1e-5)
+    _compare_grads(ref_model, dev)
+    for a, b in zip(ref_model.buffers(), dev.buffers()):
+        torch.testing.assert_close(b.cpu(), a, rtol=1e-5, atol=1e-6)
+    m = compile_metrics()
+    assert m["channels_last_convolutions"] == 6, m
+    assert m["channels_last_saved"] >= 2, m  # sent by the forward and received by the backward
+    assert m["library_calls"].get("aten::convolution_backward") == 3, m["library_calls"]
+
+
+def test_feature_maps_returned_keep_the_traced_layout():
+    # A model returning a convolution's feature map: the user gets the strides eager gives
+    # (contiguous), in inference and in a training forward, though the graph ran channels-last.
+    torch.manual_seed(0)
+    conv = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 8, 3, padding=1))
+    x = torch.randn(4, 3, 48, 48)
+    dev = copy.deepcopy(conv).to("neuron")
+    f = torch.compile(dev, backend="neuron")
+    with torch.no_grad():
+        out = f(x.to("neuron"))
+    ref = conv(x)
+    assert out.stride() == ref.stride()
+    torch.testing.assert_close(out.cpu(), ref, rtol=1e-4, atol=1e-4)
+    out = f(x.to("neuron"))
+    assert out.stride() == ref.stride() and out.requires_grad
+    out.square().sum().backward()
+    conv(x).square().sum().backward()
+    for (name, p), q in zip(conv.named_parameters(), dev.parameters()):
+        assert q.grad.stride() == p.grad.stride(), name
+        torch.testing.assert_close(q.grad.cpu(), p.grad, rtol=1e-3, atol=1e-3, msg=name)
+    assert compile_metrics()["channels_last_convolutions"] >= 2 + 2 + 2
+
+
+def test_backward_left_as_traced_still_reads_channels_last_activations(monkeypatch):
+    # If the pass leaves a backward as traced, the channels-last activations its forward saved
+    # are copied back into the layout the backward was traced with before anything reads them.
+    real = layout._rewrite
+
+    def forward_only(gm, kind, *args):
+        return None if kind == "backward" else real(gm, kind, *args)
+
+    monkeypatch.setattr(layout, "_rewrite", forward_only)
+    torch.manual_seed(0)
+    cpu = CNN(widths=(8, 16)).train()
+    dev = copy.deepcopy(cpu).to("neuron")
+    x, y = _data(4, 32, seed=1)
+    ref_model = copy.deepcopy(cpu).to(memory_format=CL)
+    ref = _step(ref_model, x.contiguous(memory_format=CL), y)
+    got = _step(torch.compile(dev, backend="neuron"), x.to("neuron"), y.to("neuron"))
+    torch.testing.assert_close(got.cpu(), ref, rtol=1e-5, atol=1e-5)
+    _compare_grads(ref_model, dev)
+    m = compile_metrics()
+    assert m["channels_last_convolutions"] == 2, m  # the forward's only
+    assert m["channels_last_saved"] >= 2, m
+
+
+def test_dynamic_shapes_keep_the_traced_layout():
+    # Sizes known only at run time: the pass leaves the graph as traced.
+    conv = nn.Conv2d(3, 4, 3)
+    f = torch.compile(copy.deepcopy(conv).to("neuron"), backend="neuron", dynamic=True)
+    for n in (2, 3):
+        x = torch.randn(n, 3, 10, 10)
+        with torch.no_grad():
+            torch.testing.assert_close(f(x.to("neuron")).cpu(), conv(x), rtol=1e-4, atol=1e-4)
+    assert compile_metrics()["channels_last_convolutions"] == 0
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))
