@@ -46,6 +46,19 @@ def _data(batch, size, seed=0):
     return torch.randn(batch, 3, size, size, generator=g), torch.randint(0, 10, (batch,), generator=g)
 
 
+def _step_against_cpu(net, x, y):
+    """One compiled training step of a copy of ``net`` on neuron against CPU eager run
+    channels-last (the layout the compiled graph runs): the loss and gradients match, and each
+    gradient has its parameter's layout."""
+    dev = copy.deepcopy(net).to("neuron")
+    ref_model = copy.deepcopy(net).to(memory_format=CL)
+    ref = _step(ref_model, x.contiguous(memory_format=CL), y)
+    got = _step(torch.compile(dev, backend="neuron"), x.to("neuron"), y.to("neuron"))
+    torch.testing.assert_close(got.cpu(), ref, rtol=1e-5, atol=1e-5)
+    _compare_grads(ref_model, dev)
+    return ref_model, dev
+
+
 def _compare_grads(cpu_model, dev_model):
     for (name, p), q in zip(cpu_model.named_parameters(), dev_model.parameters()):
         assert q.grad.stride() == q.stride(), name  # the parameter's layout, not the pass's
@@ -59,14 +72,7 @@ def test_cnn_training_step_runs_channels_last_and_matches_cpu():
     # running stats) matches CPU eager run in the same layout (the summation order a layout
     # implies differs between NCHW and NHWC kernels).
     torch.manual_seed(0)
-    cpu = CNN().train()
-    dev = copy.deepcopy(cpu).to("neuron")
-    x, y = _data(16, 64)
-    ref_model = copy.deepcopy(cpu).to(memory_format=CL)
-    ref = _step(ref_model, x.contiguous(memory_format=CL), y)
-    got = _step(torch.compile(dev, backend="neuron"), x.to("neuron"), y.to("neuron"))
-    torch.testing.assert_close(got.cpu(), ref, rtol=1e-5, atol=1e-5)
-    _compare_grads(ref_model, dev)
+    ref_model, dev = _step_against_cpu(CNN().train(), *_data(16, 64))
     for a, b in zip(ref_model.buffers(), dev.buffers()):
         torch.testing.assert_close(b.cpu(), a, rtol=1e-5, atol=1e-6)
     m = compile_metrics()
@@ -98,6 +104,16 @@ def test_feature_maps_returned_keep_the_traced_layout():
     assert compile_metrics()["channels_last_convolutions"] >= 2 + 2 + 2
 
 
+def test_a_flatten_traced_on_contiguous_strides_reads_a_copy_back():
+    # nn.Flatten after the last convolution is a view traced on NCHW strides, which a
+    # channels-last feature map cannot take: the pass copies the map back for it (and only it).
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(8, 8, 3, padding=1),
+                        nn.ReLU(), nn.Flatten(), nn.Linear(8 * 16 * 16, 10))
+    _step_against_cpu(net, *_data(8, 32, seed=2))
+    assert compile_metrics()["channels_last_convolutions"] == 4  # the pass ran on both graphs
+
+
 def test_backward_left_as_traced_still_reads_channels_last_activations(monkeypatch):
     # If the pass leaves a backward as traced, the channels-last activations its forward saved
     # are copied back into the layout the backward was traced with before anything reads them.
@@ -108,14 +124,7 @@ def test_backward_left_as_traced_still_reads_channels_last_activations(monkeypat
 
     monkeypatch.setattr(layout, "_rewrite", forward_only)
     torch.manual_seed(0)
-    cpu = CNN(widths=(8, 16)).train()
-    dev = copy.deepcopy(cpu).to("neuron")
-    x, y = _data(4, 32, seed=1)
-    ref_model = copy.deepcopy(cpu).to(memory_format=CL)
-    ref = _step(ref_model, x.contiguous(memory_format=CL), y)
-    got = _step(torch.compile(dev, backend="neuron"), x.to("neuron"), y.to("neuron"))
-    torch.testing.assert_close(got.cpu(), ref, rtol=1e-5, atol=1e-5)
-    _compare_grads(ref_model, dev)
+    _step_against_cpu(CNN(widths=(8, 16)).train(), *_data(4, 32, seed=1))
     m = compile_metrics()
     assert m["channels_last_convolutions"] == 2, m  # the forward's only
     assert m["channels_last_saved"] >= 2, m

@@ -24,4 +24,10 @@ bool bernoulli_scalar_kernel(c10::ArrayRef<at::Tensor> outs, c10::ArrayRef<c10::
 // kernel walks every window with generic index arithmetic (4 ns per input element here).
 bool max_pool2d_kernel(c10::ArrayRef<at::Tensor> outs, c10::ArrayRef<c10::IValue> args);
 
+// max_pool2d_with_indices_backward over disjoint windows (stride = kernel: 2x2 pooling), (N)CHW
+// or channels-last: ATen's kernel zero-fills the gradient and then scatters into it; here each
+// element is written once, gathered from its window. Steps aside when an index lies outside its
+// window (indices not from the forward).
+bool max_pool2d_backward_kernel(c10::ArrayRef<at::Tensor> outs, c10::ArrayRef<c10::IValue> args);
+
 }  // namespace neuronx

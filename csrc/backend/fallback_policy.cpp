@@ -61,6 +61,10 @@ const FallbackPolicy kPolicies[] = {
      "a device kernel for contiguous (N)CHW float inputs: ATen's NCHW kernel branches on every element's value "
      "(mispredicted half the time); the same values and indices, checked once per process against it",
      max_pool2d_kernel},
+    {"aten::max_pool2d_with_indices_backward", kDeviceKernel,
+     "a device kernel for disjoint windows (stride = kernel), (N)CHW or channels-last float: each gradient element "
+     "written once from its window instead of a zero fill and a scatter; the same bits, checked once per process",
+     max_pool2d_backward_kernel},
     {"aten::cauchy_", kProbeScalars, kRandomArgs},
     {"aten::log_normal_", kProbeScalars, kRandomArgs},
     {"aten::masked_scatter_", kMaskToSelf,

@@ -123,6 +123,8 @@ def _rewrite(gm, kind, nodes, incoming, saved):
 
     new = {}           # node -> its value under the new layout (changed nodes only)
     clones = {}        # node -> its channels-last value, for nodes a convolution reads
+    back = {}          # node -> the format its traced layout is copied back into, for...
+    back_users = {}    # ...the nodes that need it (a view traced on contiguous strides, say)
     conv_set = set(convs)
 
     def val(a):
@@ -155,7 +157,23 @@ def _rewrite(gm, kind, nodes, incoming, saved):
                 if n.target is operator.getitem:
                     res = args[0][args[1]]
                 else:
-                    res = n.target(*args, **val(n.kwargs))
+                    try:
+                        res = n.target(*args, **val(n.kwargs))
+                    except Exception:
+                        if n in conv_set:
+                            raise
+                        # It does not take the new layout (a view of a flattened feature map):
+                        # its inputs are copied back into the layouts it was traced with.
+                        for a in n.all_input_nodes:
+                            if a in new:
+                                orig = a.meta["val"]
+                                fmt = (torch.contiguous_format if orig.is_contiguous()
+                                       else CL if _is_cl(orig) else None)
+                                if fmt is None or back.get(a, fmt) != fmt:
+                                    raise
+                                back[a] = fmt
+                                back_users.setdefault(n, []).append(a)
+                        res = n.meta.get("val")
                 if n in conv_set and _is_cl(args[0 if n.target is aten.convolution.default else 1]):
                     # oneDNN's rule: a channels-last input gives channels-last results (and, in the
                     # backward, a channels-last weight gradient).
@@ -195,6 +213,16 @@ def _rewrite(gm, kind, nodes, incoming, saved):
         c.meta["val"] = v
         for user in [u for u in src.users if u in conv_set]:
             user.args = tuple(c if a is src else a for a in user.args)
+    copies = {}
+    for a, fmt in back.items():
+        first = next(n for n in nodes if n.op != "placeholder")
+        with g.inserting_after(a) if a.op != "placeholder" else g.inserting_before(first):
+            c = g.call_function(aten.clone.default, (a,), {"memory_format": fmt})
+        c.meta["val"] = a.meta["val"]
+        copies[a] = c
+    for n, srcs in back_users.items():
+        for a in srcs:
+            n.replace_input_with(a, copies[a])
     for n, v in new.items():
         n.meta["val"] = v
     for i, fmt in restore:
