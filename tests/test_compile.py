@@ -447,6 +447,30 @@ def test_channels_last_cnn_trains_as_eager():
     torch.testing.assert_close(torch.tensor(compiled), torch.tensor(eager), rtol=1e-4, atol=1e-4)
 
 
+def test_frozen_batch_norm_fine_tuning_matches_cpu():
+    # Batch norm in eval mode inside a graph that needs gradients (fine-tuning with frozen
+    # statistics): ATen's CPU kernel returns empty saved statistics where the graph was traced
+    # with [C]; the executable gives the traced shape (the eval backward reads running stats).
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.Conv2d(32, 16, 3, padding=1),
+                        nn.BatchNorm2d(16), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10))
+    for bn in (net[1], net[4]):
+        bn.running_mean.uniform_(-0.5, 0.5)
+        bn.running_var.uniform_(0.5, 2.0)
+    net.eval()
+    dev = copy.deepcopy(net).to("neuron")
+    x = torch.randn(8, 3, 32, 32)
+    xc, xn = x.clone().requires_grad_(), x.to("neuron").requires_grad_()
+    net(xc).square().sum().backward()
+    torch.compile(dev, backend="neuron")(xn).square().sum().backward()
+    torch.testing.assert_close(xn.grad.cpu(), xc.grad, rtol=1e-4, atol=1e-5)
+    for (name, p), q in zip(net.named_parameters(), dev.parameters()):
+        torch.testing.assert_close(q.grad.cpu(), p.grad, rtol=1e-4, atol=1e-4, msg=name)
+    for a, b in zip(net.buffers(), dev.buffers()):
+        assert torch.equal(a, b.cpu())  # eval: the running statistics stay as they were
+    assert compile_metrics()["library_calls"].get("aten::_native_batch_norm_legit_no_training") == 2
+
+
 def test_relu_backward_stays_one_kernel():
     # Decomposed, ReLU's backward is a comparison and a where over a bool mask: two passes that
     # no fused loop takes. Kept whole it is ATen's one threshold_backward kernel, as in eager.

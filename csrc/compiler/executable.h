@@ -85,6 +85,7 @@ class __attribute__((visibility("hidden"))) Executable : public std::enable_shar
   // promised layout, so the views after it (traced on the meta's strides) read it right.
   std::vector<std::vector<int64_t>> promised_strides_;
   void conform(int ni, std::vector<c10::IValue>& env) const;
+  void fill_empty_stats(int ni, std::vector<c10::IValue>& env) const;
   // Per node: the op's out= overload, when the node's result can be written into memory we
   // choose (the arena, or the caller's output) instead of memory the op allocates.
   std::vector<std::optional<c10::OperatorHandle>> out_op_;

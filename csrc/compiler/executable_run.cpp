@@ -5,6 +5,7 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/empty_strided.h>
+#include <ATen/ops/zeros.h>
 #include <ATen/ops/full.h>
 
 #include <algorithm>
@@ -156,7 +157,23 @@ void Executable::run_node(int ni, std::vector<c10::IValue>& env, const std::vect
     return;
   }
   for (size_t r = 0; r < n.outputs.size() && r < stack.size(); ++r) env[n.outputs[r]] = std::move(stack[r]);
+  if (op_info(n.id).empty_eval_stats) fill_empty_stats(ni, env);
   conform(ni, env);
+}
+
+// Batch norm in eval mode: CPU returns empty saved statistics where the graph was traced with
+// [C]. Nothing reads them then (an eval norm's backward uses the running statistics), but the
+// graph's outputs and plan expect the traced shape: zeros of it.
+void Executable::fill_empty_stats(int ni, std::vector<c10::IValue>& env) const {
+  const Node& n = graph_.nodes[ni];
+  for (size_t r = 1; r < 3 && r < n.outputs.size(); ++r) {
+    c10::IValue& v = env[n.outputs[r]];
+    const auto& m = graph_.values[n.outputs[r]].meta;
+    if (!v.isTensor() || !m || !m->is_static() || v.toTensor().numel() != 0) continue;
+    std::vector<int64_t> sizes;
+    for (const auto& e : m->sizes) sizes.push_back(e.value());
+    if (c10::multiply_integers(sizes) != 0) v = at::zeros(sizes, v.toTensor().options());
+  }
 }
 
 void Executable::run_rows(int gi, std::vector<c10::IValue>& env, const std::vector<at::Tensor>& outputs, char* arena,

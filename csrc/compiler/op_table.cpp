@@ -199,11 +199,8 @@ void add_library_ops(Table& t) {
            {OpId::kSoftmaxBackward, "aten::_softmax_backward_data"},
            {OpId::kLogSoftmaxBackward, "aten::_log_softmax_backward_data"},
            {OpId::kNllLossBackward, "aten::nll_loss_backward"},
-           {OpId::kBatchNorm, "aten::native_batch_norm"},
            {OpId::kBatchNormBackward, "aten::native_batch_norm_backward"},
-           {OpId::kBatchNormLegit, "aten::_native_batch_norm_legit"},
            {OpId::kBatchNormLegitFunctional, "aten::_native_batch_norm_legit_functional"},
-           {OpId::kBatchNormLegitNoTraining, "aten::_native_batch_norm_legit_no_training"},
            {OpId::kConvolutionBackward, "aten::convolution_backward"},
            {OpId::kEmbeddingDenseBackward, "aten::embedding_dense_backward"},
            {OpId::kBmm, "aten::bmm"},
@@ -223,6 +220,14 @@ void add_library_ops(Table& t) {
            // where over a bool mask (two passes no fused loop takes).
            {OpId::kThresholdBackward, "aten::threshold_backward"}})
     put(whole(id, target));
+  for (auto [id, target] : std::initializer_list<std::pair<OpId, const char*>>{
+           {OpId::kBatchNorm, "aten::native_batch_norm"},
+           {OpId::kBatchNormLegit, "aten::_native_batch_norm_legit"},
+           {OpId::kBatchNormLegitNoTraining, "aten::_native_batch_norm_legit_no_training"}}) {
+    OpInfo i = whole(id, target);
+    i.empty_eval_stats = true;
+    put(std::move(i));
+  }
 }
 
 void add_scalar_ops(Table& t) {

@@ -94,6 +94,9 @@ struct OpInfo {
   int fill_arg = -1;  // kFill: the argument holding the value
   // A FlexAttention op the compiler builds a generated kernel for (flex_attention.h).
   bool flex_attention = false;
+  // Batch norm: in eval mode ATen's CPU kernel returns empty saved statistics where the meta
+  // kernels traced for neuron give [C] (outputs 1 and 2).
+  bool empty_eval_stats = false;
   bool pointwise() const { return operands > 0 || id == OpId::kGelu; }
 };
 
