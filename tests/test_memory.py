@@ -691,3 +691,36 @@ def test_kernels_host_scratch_is_reused_so_steps_take_no_fresh_pages():
     assert per_step < 500, per_step  # (without the cache: ~5,000)
     ref = copy.deepcopy(net).cpu()
     torch.testing.assert_close(f(x).cpu(), ref(x.cpu()), rtol=1e-4, atol=1e-4)
+
+
+_SCRATCH_CAP_JOB = """
+import json, torch, torch_neuronx
+w = torch.randn(8, 8, 3, 3, device="neuron")
+def conv(k):
+    x = torch.randn(4, 8, 128 + 8 * k, 128, device="neuron")
+    torch.nn.functional.conv2d(x, w, padding=1)
+    torch.neuron.synchronize()
+    return torch_neuronx.metrics()["kernel_scratch"]
+seen = [conv(k) for k in range(12)]  # twelve shapes, ~3-4 MiB blocks each
+again = conv(11)                     # the latest shape again
+torch.neuron.empty_cache()
+print(json.dumps({"seen": seen, "again": again, "emptied": torch_neuronx.metrics()["kernel_scratch"]}))
+"""
+
+
+def test_kernel_scratch_keeps_recent_sizes_within_its_cap():
+    """Shapes that keep changing (dynamic sequence lengths) must not leave the scratch cache full of
+    dead sizes: past the cap (TORCH_NEURONX_KERNEL_SCRATCH_BYTES, here 32 MiB) the blocks idle
+    longest are freed, the latest shape's blocks are reused, and empty_cache() frees the rest."""
+    import json
+
+    cap = 32 << 20
+    env = clean_env(TORCH_NEURONX_KERNEL_SCRATCH_BYTES=cap)
+    out = subprocess.run([sys.executable, "-c", _SCRATCH_CAP_JOB], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert all(s["idle_bytes"] <= cap for s in r["seen"]), r["seen"]
+    assert r["seen"][-1]["evicted_bytes"] > 0 and r["seen"][-1]["fresh"] >= 20, r["seen"][-1]
+    assert r["again"]["reused"] > r["seen"][-1]["reused"] and r["again"]["fresh"] == r["seen"][-1]["fresh"], r
+    assert r["emptied"]["idle_bytes"] == 0 and r["emptied"]["idle_blocks"] == 0, r["emptied"]

@@ -4,14 +4,19 @@
 // block of a megabyte or more is a fresh mmap, and each of its pages faults on first touch: a
 // GPT-2 training step took 87,000 page faults (340 MB of fresh pages) every step, compiled.
 // These blocks play the part of a NeuronCore's scratch memory, so they are kept and reused, by
-// size, like the device's own memory (torch.neuron.empty_cache() returns them).
+// size, like the device's own memory (torch.neuron.empty_cache() returns them). Past the cap the
+// blocks idle longest go first: shapes that change (dynamic sequence lengths) leave no dead
+// sizes behind.
 #include "backend/kernel_scratch.h"
 
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/alloc_cpu.h>
 
+#include <cstdlib>
+#include <list>
 #include <mutex>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "runtime/queue.h"
@@ -22,11 +27,21 @@ namespace {
 
 constexpr size_t kMinBytes = size_t{1} << 20;   // smaller blocks come from malloc's own heap
 constexpr size_t kGranule = size_t{64} << 10;   // sizes are rounded up to this, then reused exactly
-constexpr size_t kMaxCached = size_t{2} << 30;  // idle bytes kept at most
+constexpr size_t kDefaultMaxCached = size_t{2} << 30;  // idle bytes kept at most
+
+// TORCH_NEURONX_KERNEL_SCRATCH_BYTES overrides the cap (0: nothing kept).
+size_t max_cached() {
+  const char* v = std::getenv("TORCH_NEURONX_KERNEL_SCRATCH_BYTES");
+  if (!v || !*v) return kDefaultMaxCached;
+  char* end = nullptr;
+  const unsigned long long n = std::strtoull(v, &end, 10);
+  return end && *end == '\0' ? static_cast<size_t>(n) : kDefaultMaxCached;
+}
 
 class ScratchAllocator final : public c10::Allocator {
  public:
-  explicit ScratchAllocator(c10::Allocator* base) : base_(base), base_raw_deleter_(base->raw_deleter()) {}
+  explicit ScratchAllocator(c10::Allocator* base)
+      : base_(base), base_raw_deleter_(base->raw_deleter()), max_cached_(max_cached()) {}
 
   c10::DataPtr allocate(size_t n) override {
     if (n < kMinBytes || !rt::on_engine_thread()) return base_->allocate(n);
@@ -36,16 +51,21 @@ class ScratchAllocator final : public c10::Allocator {
       std::lock_guard<std::mutex> g(mu_);
       auto it = idle_.find(size);
       if (it != idle_.end() && !it->second.empty()) {
-        p = it->second.back();
+        const auto block = it->second.back();  // the most recently idle one (warm in cache)
         it->second.pop_back();
+        if (it->second.empty()) idle_.erase(it);
+        p = block->second;
+        lru_.erase(block);
         idle_bytes_ -= size;
         live_.emplace(p, size);
+        stats_.reused++;
       }
     }
     if (!p) {
       p = c10::alloc_cpu(size);
       std::lock_guard<std::mutex> g(mu_);
       live_.emplace(p, size);
+      stats_.fresh++;
     }
     return {p, p, &release, c10::Device(c10::kCPU)};
   }
@@ -61,11 +81,20 @@ class ScratchAllocator final : public c10::Allocator {
     std::vector<void*> blocks;
     {
       std::lock_guard<std::mutex> g(mu_);
-      for (auto& [size, v] : idle_) blocks.insert(blocks.end(), v.begin(), v.end());
+      for (const auto& [size, p] : lru_) blocks.push_back(p);
+      lru_.clear();
       idle_.clear();
       idle_bytes_ = 0;
     }
     for (void* p : blocks) c10::free_cpu(p);
+  }
+
+  KernelScratchStats stats() {
+    std::lock_guard<std::mutex> g(mu_);
+    KernelScratchStats s = stats_;
+    s.idle_bytes = idle_bytes_;
+    s.idle_blocks = lru_.size();
+    return s;
   }
 
   static ScratchAllocator*& instance() {
@@ -76,6 +105,7 @@ class ScratchAllocator final : public c10::Allocator {
  private:
   void put(void* p) {
     bool ours = false;
+    std::vector<void*> evicted;
     {
       std::lock_guard<std::mutex> g(mu_);
       auto it = live_.find(p);
@@ -83,23 +113,39 @@ class ScratchAllocator final : public c10::Allocator {
         ours = true;
         const size_t size = it->second;
         live_.erase(it);
-        if (idle_bytes_ + size <= kMaxCached) {
-          idle_[size].push_back(p);
+        if (size <= max_cached_) {
+          while (idle_bytes_ + size > max_cached_) {  // the blocks idle longest make room
+            const auto [old_size, old] = lru_.front();
+            auto& same = idle_[old_size];
+            same.erase(same.begin());  // (the oldest of its size: vectors fill in idle order)
+            if (same.empty()) idle_.erase(old_size);
+            lru_.pop_front();
+            idle_bytes_ -= old_size;
+            stats_.evicted_bytes += old_size;
+            evicted.push_back(old);
+          }
+          idle_[size].push_back(lru_.insert(lru_.end(), {size, p}));
           idle_bytes_ += size;
-          return;
+          p = nullptr;
         }
       }
     }
+    for (void* e : evicted) c10::free_cpu(e);
+    if (!p) return;
     if (ours) c10::free_cpu(p);
     else base_raw_deleter_(p);
   }
 
   c10::Allocator* base_;
   c10::DeleterFnPtr base_raw_deleter_;
+  const size_t max_cached_;
   std::mutex mu_;
+  using Lru = std::list<std::pair<size_t, void*>>;  // idle blocks, longest idle first
   std::unordered_map<void*, size_t> live_;
-  std::unordered_map<size_t, std::vector<void*>> idle_;
+  Lru lru_;
+  std::unordered_map<size_t, std::vector<Lru::iterator>> idle_;  // by size, in idle order
   size_t idle_bytes_ = 0;
+  KernelScratchStats stats_;
 };
 
 }  // namespace
@@ -115,6 +161,11 @@ void install_kernel_scratch_allocator() {
 
 void empty_kernel_scratch() {
   if (ScratchAllocator* a = ScratchAllocator::instance()) a->empty();
+}
+
+KernelScratchStats kernel_scratch_stats() {
+  ScratchAllocator* a = ScratchAllocator::instance();
+  return a ? a->stats() : KernelScratchStats{};
 }
 
 }  // namespace neuronx

@@ -179,6 +179,14 @@ PYBIND11_MODULE(_C, m) {
     d["ops"] = s.ops;
     d["syncs"] = s.syncs;
     d["aliases"] = s.aliases;
+    const KernelScratchStats k = kernel_scratch_stats();
+    py::dict ks;
+    ks["idle_bytes"] = k.idle_bytes;
+    ks["idle_blocks"] = k.idle_blocks;
+    ks["fresh"] = k.fresh;
+    ks["reused"] = k.reused;
+    ks["evicted_bytes"] = k.evicted_bytes;
+    d["kernel_scratch"] = ks;
     return d;
   });
   m.def("_reset_metrics", &reset_metrics);
