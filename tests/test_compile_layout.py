@@ -77,7 +77,8 @@ def test_cnn_training_step_runs_channels_last_and_matches_cpu():
         torch.testing.assert_close(b.cpu(), a, rtol=1e-5, atol=1e-6)
     m = compile_metrics()
     assert m["channels_last_convolutions"] == 6, m
-    assert m["channels_last_saved"] >= 2, m  # sent by the forward and received by the backward
+    # The forward's saved activations reach the backward channels-last, all of them.
+    assert m["channels_last_saved"] == m["channels_last_received"] >= 3, m
     assert m["library_calls"].get("aten::convolution_backward") == 3, m["library_calls"]
 
 
@@ -127,7 +128,46 @@ def test_backward_left_as_traced_still_reads_channels_last_activations(monkeypat
     _step_against_cpu(CNN(widths=(8, 16)).train(), *_data(4, 32, seed=1))
     m = compile_metrics()
     assert m["channels_last_convolutions"] == 2, m  # the forward's only
-    assert m["channels_last_saved"] >= 2, m
+    assert m["channels_last_saved"] == m["channels_last_received"] >= 2, m
+
+
+def test_random_ops_after_a_convolution_draw_as_eager():
+    # Random ops draw in memory order: given a channels-last input, rand_like's draws would land
+    # on other elements than eager's. Seeded ops read their inputs in the traced layout.
+    torch.manual_seed(0)
+    conv = nn.Conv2d(3, 16, 3, padding=1).to("neuron")
+
+    def noisy(x):
+        y = conv(x)
+        return y * (torch.rand_like(y) > 0.5)
+
+    x = torch.randn(4, 3, 24, 24).to("neuron")
+    torch.neuron.manual_seed(3)
+    eager = noisy(x)
+    torch.neuron.manual_seed(3)
+    compiled = torch.compile(noisy, backend="neuron")(x)
+    assert torch.equal(compiled.cpu() == 0, eager.cpu() == 0)  # the same draws on the same elements
+    torch.testing.assert_close(compiled.cpu(), eager.cpu(), rtol=1e-4, atol=1e-5)
+    assert compile_metrics()["channels_last_convolutions"] == 2  # forward and backward
+
+
+def test_as_strided_of_a_feature_map_reads_the_traced_layout():
+    # as_strided reads the strides it was traced with: it gets the map in the traced layout.
+    torch.manual_seed(0)
+    conv = nn.Conv2d(3, 8, 3, padding=1)
+    x = torch.randn(2, 3, 12, 12)
+
+    def patches(conv, x):
+        y = conv(x)
+        n, c, h, w = y.shape
+        return y.as_strided((n, c, h - 1, w - 1, 2, 2), (c * h * w, h * w, w, 1, w, 1)).sum((4, 5))
+
+    dev = copy.deepcopy(conv).to("neuron")
+    with torch.no_grad():
+        ref = patches(conv, x)
+        got = torch.compile(lambda x: patches(dev, x), backend="neuron")(x.to("neuron"))
+    torch.testing.assert_close(got.cpu(), ref, rtol=1e-4, atol=1e-4)
+    assert compile_metrics()["channels_last_convolutions"] == 1
 
 
 def test_dynamic_shapes_keep_the_traced_layout():

@@ -59,6 +59,22 @@ def _same_layout(a, b):
     return a is b or not isinstance(a, (torch.Tensor, list, tuple))
 
 
+def _keeps_traced_layout(node):
+    """Ops that must see their inputs as traced: they read strides themselves (as_strided), draw
+    random numbers in memory order (eager's draws must land on the same elements), or are not
+    ATen's (a custom kernel may assume the layout it was traced with)."""
+    t = node.target
+    if not isinstance(t, torch._ops.OpOverload):
+        return False
+    if t.namespace != "aten" or t._schema.name.startswith("aten::as_strided"):
+        return True
+    fixed = {torch.Tag.nondeterministic_seeded, torch.Tag.needs_fixed_stride_order}
+    exact = getattr(torch.Tag, "needs_exact_strides", None)
+    if exact is not None:
+        fixed.add(exact)
+    return any(tag in fixed for tag in t.tags)
+
+
 def _user_output_count(kind, n_outputs):
     if kind != "forward":
         return n_outputs
@@ -71,8 +87,8 @@ def _user_output_count(kind, n_outputs):
 
 def channels_last(gm, kind):
     """Rewrite ``gm`` in place for channels-last convolutions (see the module docstring). Returns
-    (convolutions now reading channels-last inputs, saved activations handed over channels-last:
-    received for a backward, sent for a forward); (0, 0) when the graph is unchanged."""
+    (convolutions now reading channels-last inputs, saved activations a forward sends
+    channels-last, those a backward receives); (0, 0, 0) when the graph is unchanged."""
     saved = _SAVED.get()
     nodes = list(gm.graph.nodes)
     incoming = {n: saved[n.name] for n in nodes
@@ -82,9 +98,9 @@ def channels_last(gm, kind):
     done = _rewrite(gm, kind, nodes, incoming, saved)
     if done is None:
         if not incoming:
-            return 0, 0
+            return 0, 0, 0
         _convert_incoming(gm, nodes, incoming)
-        return 0, len(incoming)
+        return 0, 0, len(incoming)
     return done
 
 
@@ -106,7 +122,7 @@ def _convert_incoming(gm, nodes, incoming):
 
 def _rewrite(gm, kind, nodes, incoming, saved):
     convs = [n for n in nodes if n.target in _CONVS and n.args and _convertible(n.args[0].meta.get("val"))
-             and n.args[1].meta["val"].dim() == 4]
+             and isinstance(n.args[1].meta.get("val"), torch.Tensor) and n.args[1].meta["val"].dim() == 4]
     if not convs and not incoming:
         return None
     if any(n.op == "call_function" and not isinstance(n.target, torch._ops.OpOverload)
@@ -114,7 +130,9 @@ def _rewrite(gm, kind, nodes, incoming, saved):
         return None  # higher-order ops: their subgraphs' metas are not propagated here
     out_node = nodes[-1]
     outs = list(out_node.args[0]) if isinstance(out_node.args[0], (list, tuple)) else [out_node.args[0]]
-    n_user = _user_output_count(kind, len(outs))
+    # Without the forward/backward scope (saved_layouts), nothing would tell a backward: saved
+    # values leave in their traced layout too.
+    n_user = _user_output_count(kind, len(outs)) if saved is not None else len(outs)
     if n_user is None:
         return None
     fake_mode = torch._guards.detect_fake_mode([n.meta.get("val") for n in nodes if n.op == "placeholder"])
@@ -132,7 +150,22 @@ def _rewrite(gm, kind, nodes, incoming, saved):
             return new.get(a, a.meta.get("val"))
         if isinstance(a, (list, tuple)):
             return type(a)(val(x) for x in a)
+        if isinstance(a, dict):
+            return {k: val(x) for k, x in a.items()}
         return a
+
+    def copy_back(n):
+        """``n`` reads its changed inputs through copies in the layouts it was traced with, and
+        so computes what it was traced to (its traced value)."""
+        for a in n.all_input_nodes:
+            if a in new:
+                orig = a.meta["val"]
+                fmt = torch.contiguous_format if orig.is_contiguous() else CL if _is_cl(orig) else None
+                if fmt is None or back.get(a, fmt) != fmt:
+                    raise ValueError(f"{a.name}: a layout no copy restores")
+                back[a] = fmt
+                back_users.setdefault(n, []).append(a)
+        return n.meta.get("val")
 
     try:
         with fake_mode:
@@ -151,29 +184,22 @@ def _rewrite(gm, kind, nodes, incoming, saved):
                             clones.setdefault(src, v.contiguous(memory_format=CL))
                 args = val(n.args)
                 if n in conv_set:
-                    args = tuple(clones.get(a, val(a)) if isinstance(a, torch.fx.Node) else val(a) for a in n.args)
-                elif not any(isinstance(a, torch.fx.Node) and a in new for a in n.all_input_nodes):
+                    acts = _CONVS[n.target]
+                    args = tuple(clones.get(a, val(a)) if i in acts and isinstance(a, torch.fx.Node) else val(a)
+                                 for i, a in enumerate(n.args))
+                elif not any(a in new for a in n.all_input_nodes):
                     continue
                 if n.target is operator.getitem:
                     res = args[0][args[1]]
+                elif _keeps_traced_layout(n):
+                    res = copy_back(n)
                 else:
                     try:
                         res = n.target(*args, **val(n.kwargs))
                     except Exception:
                         if n in conv_set:
                             raise
-                        # It does not take the new layout (a view of a flattened feature map):
-                        # its inputs are copied back into the layouts it was traced with.
-                        for a in n.all_input_nodes:
-                            if a in new:
-                                orig = a.meta["val"]
-                                fmt = (torch.contiguous_format if orig.is_contiguous()
-                                       else CL if _is_cl(orig) else None)
-                                if fmt is None or back.get(a, fmt) != fmt:
-                                    raise
-                                back[a] = fmt
-                                back_users.setdefault(n, []).append(a)
-                        res = n.meta.get("val")
+                        res = copy_back(n)  # (a view of a flattened feature map, say)
                 if n in conv_set and _is_cl(args[0 if n.target is aten.convolution.default else 1]):
                     # oneDNN's rule: a channels-last input gives channels-last results (and, in the
                     # backward, a channels-last weight gradient).
@@ -212,7 +238,8 @@ def _rewrite(gm, kind, nodes, incoming, saved):
             c = g.call_function(aten.clone.default, (src,), {"memory_format": CL})
         c.meta["val"] = v
         for user in [u for u in src.users if u in conv_set]:
-            user.args = tuple(c if a is src else a for a in user.args)
+            acts = _CONVS[user.target]
+            user.args = tuple(c if a is src and i in acts else a for i, a in enumerate(user.args))
     copies = {}
     for a, fmt in back.items():
         first = next(n for n in nodes if n.op != "placeholder")
@@ -233,13 +260,14 @@ def _rewrite(gm, kind, nodes, incoming, saved):
             c.meta["val"] = new[o].clone(memory_format=fmt)
         outs[i] = c
     out_node.args = (type(out_node.args[0])(outs) if isinstance(out_node.args[0], (list, tuple)) else outs[0],)
-    handed = sum(1 for n in incoming if n in new)
+    received = sum(1 for n in incoming if n in new)
+    sent = 0
     if saved is not None and kind == "forward":
         for o in outs[n_user:]:
             if isinstance(o, torch.fx.Node) and o in new and isinstance(new[o], torch.Tensor):
                 saved[o.name] = new[o]
-                handed += 1
+                sent += 1
     g.lint()
     gm.recompile()
     conv_input = {aten.convolution.default: 0, aten.convolution_backward.default: 1}
-    return sum(1 for n in convs if _is_cl(n.args[conv_input[n.target]].meta["val"])), handed
+    return sum(1 for n in convs if _is_cl(n.args[conv_input[n.target]].meta["val"])), sent, received

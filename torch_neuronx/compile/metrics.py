@@ -10,7 +10,8 @@ _lock = threading.Lock()
 def _fresh():
     m = {"compiles": 0, "cache_hits": 0, "graph_cache_hits": 0, "graph_cache_skips": 0, "recompiles": 0,
          "recompile_reasons": [], "compile_seconds": 0.0, "library_calls": collections.Counter(),
-         "eager_graphs": 0, "eager_reasons": [], "channels_last_convolutions": 0, "channels_last_saved": 0}
+         "eager_graphs": 0, "eager_reasons": [], "channels_last_convolutions": 0, "channels_last_saved": 0,
+         "channels_last_received": 0}
     # The compiler's counters, under the names it exports them by (listed once, in C++).
     m.update({name: 0 for name in _C._compiler._compile_counters()})
     return m
@@ -52,10 +53,11 @@ def record_recompile(reasons):
         _m["recompile_reasons"].extend(reasons)
 
 
-def record_layout(convolutions, saved):
+def record_layout(convolutions, sent, received):
     with _lock:
         _m["channels_last_convolutions"] += convolutions
-        _m["channels_last_saved"] += saved
+        _m["channels_last_saved"] += sent
+        _m["channels_last_received"] += received
 
 
 def record_eager(reason):
@@ -76,9 +78,9 @@ def compile_metrics():
     executable) and how many of them write through out= into memory the executable chooses, views
     simplified, common subexpressions and dead nodes removed, nodes folded to constants, the
     memory plan (arena bytes per launch, planned intermediates and their bytes before reuse),
-    convolutions given channels-last inputs by the layout pass and the activations a forward saves
-    for its backward that cross channels-last (counted on each side), and graphs that ran eagerly
-    with the reason."""
+    convolutions given channels-last inputs by the layout pass, the activations forwards saved
+    channels-last for their backwards and those the backwards received so, and graphs that ran
+    eagerly with the reason."""
     with _lock:
         out = dict(_m)
         out["library_calls"] = dict(_m["library_calls"])
