@@ -136,3 +136,14 @@ def test_max_pool_backward_with_foreign_indices_takes_cpus_kernel():
     got = torch.ops.aten.max_pool2d_with_indices_backward(go.to("neuron"), x.to("neuron"), *args, idx.to("neuron"))
     assert calls(BACKWARD) == before
     assert torch.equal(got.cpu(), ref)
+
+
+def test_max_pool_backward_with_an_empty_window_grid_raises_cpus_error():
+    # A 1x1 plane under a 2x2 window: no window fits. ATen's check raises; so must we.
+    x, go, idx = torch.randn(1, 2, 1, 1), torch.randn(1, 2, 0, 0), torch.zeros(1, 2, 0, 0, dtype=torch.long)
+    args = ([2, 2], [2, 2], [0, 0], [1, 1], False)
+    with pytest.raises(RuntimeError, match="Output size is too small"):
+        torch.ops.aten.max_pool2d_with_indices_backward(go, x, *args, idx)
+    with pytest.raises(RuntimeError, match="Output size is too small"):
+        torch.ops.aten.max_pool2d_with_indices_backward(go.to("neuron"), x.to("neuron"), *args, idx.to("neuron"))
+        torch.neuron.synchronize()

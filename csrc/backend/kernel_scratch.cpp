@@ -33,6 +33,7 @@ constexpr size_t kDefaultMaxCached = size_t{2} << 30;  // idle bytes kept at mos
 size_t max_cached() {
   const char* v = std::getenv("TORCH_NEURONX_KERNEL_SCRATCH_BYTES");
   if (!v || !*v) return kDefaultMaxCached;
+  if (*v < '0' || *v > '9') return kDefaultMaxCached;  // (strtoull would take "-1" as a huge cap)
   char* end = nullptr;
   const unsigned long long n = std::strtoull(v, &end, 10);
   return end && *end == '\0' ? static_cast<size_t>(n) : kDefaultMaxCached;

@@ -391,6 +391,8 @@ bool max_pool2d_backward_kernel(c10::ArrayRef<at::Tensor> outs, c10::ArrayRef<c1
   if (p.kH <= 0 || p.kW <= 0 || p.sH != p.kH || p.sW != p.kW || p.pH != 0 || p.pW != 0 || p.dH != 1 || p.dW != 1)
     return false;
   const bool ceil = args[6].toBool();
+  // An empty window grid or plane: ATen's checks raise their errors ("Output size is too small").
+  if (go.size(-2) <= 0 || go.size(-1) <= 0 || in.size(-2) <= 0 || in.size(-1) <= 0) return false;
   if (go.size(-2) != at::native::pooling_output_shape<int64_t>(in.size(-2), p.kH, 0, p.sH, 1, ceil) ||
       go.size(-1) != at::native::pooling_output_shape<int64_t>(in.size(-1), p.kW, 0, p.sW, 1, ceil))
     return false;
