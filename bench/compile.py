@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import run as B  # noqa: E402
+from torch_neuronx.testing.models import SmallCNN  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 MODES = ("cpu_inductor", "neuron_compiled", "neuron_eager")
@@ -77,23 +78,6 @@ def gpt2_train(quick):
             return loss
         return step
     return setup
-
-
-class SmallCNN(torch.nn.Module):
-    """Convolutions with batch norm, ReLU and max-pooling, then a linear classifier."""
-
-    def __init__(self, classes=10):
-        super().__init__()
-        nn = torch.nn
-        layers, cin = [], 3
-        for cout in (32, 64, 128):
-            layers += [nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(), nn.MaxPool2d(2)]
-            cin = cout
-        self.features = nn.Sequential(*layers)
-        self.head = nn.Linear(cin, classes)
-
-    def forward(self, x):
-        return self.head(self.features(x).mean((2, 3)))
 
 
 def cnn_train(quick):

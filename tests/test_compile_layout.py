@@ -10,6 +10,7 @@ import torch.nn.functional as F
 import torch_neuronx  # noqa: F401
 from helpers import compiled_tier_test
 from torch_neuronx.compile import compile_metrics, layout
+from torch_neuronx.testing.models import SmallCNN
 
 CL = torch.channels_last
 
@@ -17,22 +18,6 @@ CL = torch.channels_last
 @pytest.fixture(autouse=True)
 def fresh(tmp_path_factory, monkeypatch, request):
     yield from compiled_tier_test(tmp_path_factory, monkeypatch, request)
-
-
-class CNN(nn.Module):
-    """The benchmark's CNN (conv, batch norm, ReLU, max-pool x3, then a classifier)."""
-
-    def __init__(self, widths=(32, 64, 128), classes=10):
-        super().__init__()
-        layers, cin = [], 3
-        for cout in widths:
-            layers += [nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(), nn.MaxPool2d(2)]
-            cin = cout
-        self.features = nn.Sequential(*layers)
-        self.head = nn.Linear(cin, classes)
-
-    def forward(self, x):
-        return self.head(self.features(x).mean((2, 3)))
 
 
 def _step(model, x, y):
@@ -72,7 +57,7 @@ def test_cnn_training_step_runs_channels_last_and_matches_cpu():
     # running stats) matches CPU eager run in the same layout (the summation order a layout
     # implies differs between NCHW and NHWC kernels).
     torch.manual_seed(0)
-    ref_model, dev = _step_against_cpu(CNN().train(), *_data(16, 64))
+    ref_model, dev = _step_against_cpu(SmallCNN().train(), *_data(16, 64))
     for a, b in zip(ref_model.buffers(), dev.buffers()):
         torch.testing.assert_close(b.cpu(), a, rtol=1e-5, atol=1e-6)
     m = compile_metrics()
@@ -125,7 +110,7 @@ def test_backward_left_as_traced_still_reads_channels_last_activations(monkeypat
 
     monkeypatch.setattr(layout, "_rewrite", forward_only)
     torch.manual_seed(0)
-    _step_against_cpu(CNN(widths=(8, 16)).train(), *_data(4, 32, seed=1))
+    _step_against_cpu(SmallCNN(widths=(8, 16)).train(), *_data(4, 32, seed=1))
     m = compile_metrics()
     assert m["channels_last_convolutions"] == 2, m  # the forward's only
     assert m["channels_last_saved"] == m["channels_last_received"] >= 2, m

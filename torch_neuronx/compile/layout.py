@@ -104,14 +104,20 @@ def channels_last(gm, kind):
     return done
 
 
+def _after(g, nodes, node):
+    """Where a node reading ``node`` goes: right after it (placeholders: before the first op)."""
+    if node.op != "placeholder":
+        return g.inserting_after(node)
+    return g.inserting_before(next(n for n in nodes if n.op != "placeholder"))
+
+
 def _convert_incoming(gm, nodes, incoming):
     """A backward not rewritten still receives its forward's channels-last activations: each is
     copied into the layout the backward was traced with, before anything reads it."""
     g = gm.graph
-    first = next(n for n in nodes if n.op != "placeholder")
     for n, v in incoming.items():
         orig = n.meta["val"]
-        with g.inserting_before(first):
+        with _after(g, nodes, n):
             c = g.call_function(aten.clone.default, (n,), {"memory_format": torch.contiguous_format})
         n.replace_all_uses_with(c, delete_user_cb=lambda u: u is not c)
         c.meta["val"] = orig
@@ -232,9 +238,7 @@ def _rewrite(gm, kind, nodes, incoming, saved):
 
     g = gm.graph
     for src, v in clones.items():
-        anchor = src if src.op != "placeholder" else next(n for n in nodes if n.op != "placeholder")
-        ctx = g.inserting_after(src) if src.op != "placeholder" else g.inserting_before(anchor)
-        with ctx:
+        with _after(g, nodes, src):
             c = g.call_function(aten.clone.default, (src,), {"memory_format": CL})
         c.meta["val"] = v
         for user in [u for u in src.users if u in conv_set]:
@@ -242,8 +246,7 @@ def _rewrite(gm, kind, nodes, incoming, saved):
             user.args = tuple(c if a is src and i in acts else a for i, a in enumerate(user.args))
     copies = {}
     for a, fmt in back.items():
-        first = next(n for n in nodes if n.op != "placeholder")
-        with g.inserting_after(a) if a.op != "placeholder" else g.inserting_before(first):
+        with _after(g, nodes, a):
             c = g.call_function(aten.clone.default, (a,), {"memory_format": fmt})
         c.meta["val"] = a.meta["val"]
         copies[a] = c

@@ -89,6 +89,22 @@ class ResNet18(nn.Module):
         return self.fc(torch.flatten(F.adaptive_avg_pool2d(self.layers(self.stem(x)), 1), 1))
 
 
+class SmallCNN(nn.Module):
+    """Convolutions with batch norm, ReLU and max-pooling, then a linear classifier."""
+
+    def __init__(self, widths=(32, 64, 128), classes=10):
+        super().__init__()
+        layers, cin = [], 3
+        for cout in widths:
+            layers += [nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(), nn.MaxPool2d(2)]
+            cin = cout
+        self.features = nn.Sequential(*layers)
+        self.head = nn.Linear(cin, classes)
+
+    def forward(self, x):
+        return self.head(self.features(x).mean((2, 3)))
+
+
 def mlp(d=1024, hidden=4096, classes=10):
     return nn.Sequential(nn.Linear(d, hidden), nn.GELU(), nn.Linear(hidden, hidden), nn.GELU(),
                          nn.Linear(hidden, classes))
