@@ -19,28 +19,45 @@ namespace neuronx::compiler {
 
 namespace {
 
-// The out= overload of a functional op that returns one fresh tensor: the same
-// arguments plus `out`, with a CPU (or composite) kernel.
-std::optional<c10::OperatorHandle> out_overload(const Node& n) {
+// How a functional op's results are written into memory we choose: its out= overload (the same
+// arguments plus one `out` per result), or the op table's `out_as` (an op with its own out= kernel
+// that computes this one: relu is CPU's clamp_min(self, 0)). ATen generates an out= overload
+// for many functional ops that computes into new memory and copies (a composite kernel); for one
+// result that still spares the copy at the end when the result is returned, but with several
+// results only CPU kernels are taken. Only CPU kernels write a channels-last `out` (see
+// destination()).
+std::optional<Executable::OutCall> out_overload(const Node& n) {
   const auto& s = n.op->schema();
-  if (s.returns().size() != 1 || s.returns()[0].alias_info() || s.is_mutable() ||
-      s.returns()[0].type()->kind() != c10::TypeKind::TensorType || op_info(n.id).reshape_view)
-    return std::nullopt;
+  const size_t k = s.returns().size();
+  if (k == 0 || s.is_mutable() || op_info(n.id).reshape_view) return std::nullopt;
+  for (const auto& r : s.returns())
+    if (r.alias_info() || r.type()->kind() != c10::TypeKind::TensorType) return std::nullopt;
+  const c10::DispatchKeySet cpu(c10::DispatchKey::CPU);
+  const c10::DispatchKeySet composite({c10::DispatchKey::CompositeExplicitAutograd,
+                                       c10::DispatchKey::CompositeImplicitAutograd});
+  const OpInfo& info = op_info(n.id);
+  if (info.out_as[0] && k == 1) {
+    const std::string_view full(info.out_as);
+    const auto dot = full.find('.');
+    auto h = c10::Dispatcher::singleton().findSchema(
+        {std::string(full.substr(0, dot)), dot == std::string_view::npos ? "" : std::string(full.substr(dot + 1))});
+    if (h && h->hasKernelForAnyDispatchKey(cpu)) return Executable::OutCall{*h, c10::IValue(info.out_as_arg), true};
+  }
   const std::string ov = s.overload_name();
-  for (const std::string& name : {ov.empty() ? std::string("out") : ov + "_out", std::string("out")}) {
+  for (const std::string& name :
+       {ov.empty() ? std::string("out") : ov + "_out", std::string("out"), std::string("grad_input")}) {
     auto h = c10::Dispatcher::singleton().findSchema({s.name(), name});
     if (!h) continue;
     const auto& a = s.arguments();
     const auto& b = h->schema().arguments();
-    if (b.size() != a.size() + 1 || h->schema().returns().size() != 1) continue;
+    if (b.size() != a.size() + k || h->schema().returns().size() != k) continue;
     bool same = true;
     for (size_t i = 0; i < a.size() && same; ++i) same = a[i].name() == b[i].name() && a[i].type()->str() == b[i].type()->str();
-    const auto& out = b.back();
-    if (!same || !out.alias_info() || !out.alias_info()->isWrite() || out.type()->kind() != c10::TypeKind::TensorType)
-      continue;
-    const c10::DispatchKeySet kernels({c10::DispatchKey::CPU, c10::DispatchKey::CompositeExplicitAutograd,
-                                       c10::DispatchKey::CompositeImplicitAutograd});
-    if (h->hasKernelForAnyDispatchKey(kernels)) return h;
+    for (size_t i = a.size(); i < b.size() && same; ++i)
+      same = b[i].alias_info() && b[i].alias_info()->isWrite() && b[i].type()->kind() == c10::TypeKind::TensorType;
+    if (!same) continue;
+    const bool own = h->hasKernelForAnyDispatchKey(cpu);
+    if (own || (k == 1 && h->hasKernelForAnyDispatchKey(composite))) return Executable::OutCall{*h, std::nullopt, own};
   }
   return std::nullopt;
 }
@@ -95,7 +112,9 @@ Executable::Executable(Graph g, std::vector<FusionGroup> groups, std::vector<Ker
   for (size_t i = 0; i < graph_.nodes.size(); ++i) {
     const Node& n = graph_.nodes[i];
     if (n.kind == Node::Kind::kAten && n.fused_group < 0 && n.neuron_kernel == Node::NeuronKernel::kNever &&
-        n.outputs.size() == 1 && graph_.values[n.outputs[0]].kind == Value::Kind::kTensor)
+        !n.outputs.empty() &&
+        std::all_of(n.outputs.begin(), n.outputs.end(),
+                    [&](int o) { return graph_.values[o].kind == Value::Kind::kTensor; }))
       out_op_[i] = out_overload(n);
   }
   device_kernel_.assign(graph_.nodes.size(), nullptr);
@@ -240,12 +259,13 @@ void Executable::plan() {
           const auto& m = graph_.values[o].meta;
           candidate[o] = m && m->is_static_contiguous();
         }
-      if (out_op_[steps_[s].index]) {
-        const auto& m = graph_.values[n.outputs[0]].meta;
-        // Row-major only: ATen's out= kernels do not all honour other strides (CPU's gelu.out
-        // writes a transposed `out` wrongly when its input is laid out differently).
-        candidate[n.outputs[0]] = m && m->is_static_contiguous();
-      }
+      if (out_op_[steps_[s].index])
+        for (int o : n.outputs) {
+          const auto& m = graph_.values[o].meta;
+          // Row-major only: ATen's out= kernels do not all honour other strides (CPU's gelu.out
+          // writes a transposed `out` wrongly when its input is laid out differently).
+          candidate[o] = m && m->is_static_contiguous();
+        }
     }
   }
   // Memory the caller gets back is not the arena's (nor is any view of it).
@@ -282,13 +302,37 @@ int Executable::out_calls() const {
   return n;
 }
 
+int Executable::output_copies() const {
+  std::set<int> returned(graph_.outputs.begin(), graph_.outputs.end());
+  // Written in place when its writer takes the result's layout (see destination()).
+  auto copied = [&](int o, bool row_major_ok, bool channels_last_ok) -> int {
+    const Value& v = graph_.values[o];
+    if (!returned.count(o) || v.kind != Value::Kind::kTensor || !v.meta || !v.meta->is_static()) return 0;
+    return !(row_major_ok && v.meta->is_static_contiguous()) && !(channels_last_ok && v.meta->is_static_channels_last());
+  };
+  int n = 0;
+  for (const auto& st : steps_) {
+    if (st.group) {
+      for (int o : groups_[st.index].outputs) n += copied(o, true, false);
+      continue;
+    }
+    const Node& node = graph_.nodes[st.index];
+    if (node.kind != Node::Kind::kAten || is_view(node)) continue;
+    const bool dk = device_kernel_[st.index] != nullptr;
+    const auto& oc = out_op_[st.index];
+    for (int o : node.outputs) n += copied(o, dk || oc, dk || (oc && oc->any_layout));
+  }
+  return n;
+}
+
 int Executable::folded() const { return static_cast<int>(std::count(folded_.begin(), folded_.end(), true)); }
 
-std::vector<at::Tensor> Executable::device_kernel_outputs(int ni, const std::vector<at::Tensor>& outputs,
-                                                          char* arena) const {
+std::vector<at::Tensor> Executable::result_buffers(int ni, const std::vector<at::Tensor>& outputs, char* arena,
+                                                   bool channels_last_ok, bool* chosen) const {
   std::vector<at::Tensor> ts;
   for (int o : graph_.nodes[ni].outputs) {
-    at::Tensor t = destination(o, outputs, arena);
+    at::Tensor t = destination(o, outputs, arena, channels_last_ok);
+    if (chosen && t.defined()) *chosen = true;
     if (!t.defined()) {
       const Value& v = graph_.values[o];
       if (v.kind != Value::Kind::kTensor || !v.meta || !v.meta->is_static()) return {};
@@ -300,7 +344,8 @@ std::vector<at::Tensor> Executable::device_kernel_outputs(int ni, const std::vec
   return ts;
 }
 
-at::Tensor Executable::destination(int v, const std::vector<at::Tensor>& outputs, char* arena) const {
+at::Tensor Executable::destination(int v, const std::vector<at::Tensor>& outputs, char* arena,
+                                   bool channels_last_ok) const {
   if (arena && plan_.offset[v] >= 0) {
     const TensorMeta& m = *graph_.values[v].meta;
     return at::from_blob(arena + plan_.offset[v], static_ints(m.sizes), static_ints(m.strides),
@@ -309,8 +354,13 @@ at::Tensor Executable::destination(int v, const std::vector<at::Tensor>& outputs
   const int oi = output_index_[v];
   if (oi < 0 || oi >= static_cast<int>(outputs.size()) || !outputs[oi].defined()) return {};
   const at::Tensor& t = outputs[oi];
-  // Row-major only (as arena slots): other layouts are written by copying at the end.
-  return t.is_contiguous() ? t : at::Tensor();
+  // Row-major (as arena slots), or channels-last for the writers that honour it: other layouts
+  // are written by copying at the end.
+  if (t.is_contiguous()) return t;
+  const auto& m = graph_.values[v].meta;
+  return channels_last_ok && m && m->is_static_channels_last() && t.is_contiguous(at::MemoryFormat::ChannelsLast)
+             ? t
+             : at::Tensor();
 }
 
 }  // namespace neuronx::compiler

@@ -33,8 +33,18 @@ class __attribute__((visibility("hidden"))) Executable : public std::enable_shar
   const Graph& graph() const { return graph_; }
   const MemoryPlan& memory_plan() const { return plan_; }
   int out_calls() const;
+  // Returned results written elsewhere first and copied at the end of each run.
+  int output_copies() const;
   int folded() const;  // nodes evaluated when the executable was built
   bool is_folded(int node) const { return folded_[node]; }
+
+ // An out= call: the overload, a scalar argument it takes before the outs (out_as), and whether
+  // its CPU kernel writes any dense `out` layout (not a composite's copy).
+  struct OutCall {
+    c10::OperatorHandle op;
+    std::optional<c10::IValue> extra;
+    bool any_layout = false;
+  };
 
  private:
   struct Step {
@@ -49,11 +59,15 @@ class __attribute__((visibility("hidden"))) Executable : public std::enable_shar
   // A group whose loop runs over rows (a row reduction, broadcast inputs).
   void run_rows(int gi, std::vector<c10::IValue>& env, const std::vector<at::Tensor>& outputs, char* arena,
                 c10::DeviceIndex d) const;
-  // Where value v is written: its place in the arena or the caller's output, if it has one.
-  at::Tensor destination(int v, const std::vector<at::Tensor>& outputs, char* arena) const;
-  // Node ni's results for a device kernel to write: destination() or new tensors with the meta's
-  // geometry; empty when some result's geometry is not static.
-  std::vector<at::Tensor> device_kernel_outputs(int ni, const std::vector<at::Tensor>& outputs, char* arena) const;
+  // Where value v is written: its place in the arena or the caller's output, if it has one
+  // (a channels-last output only for writers that honour its strides: `channels_last_ok`).
+  at::Tensor destination(int v, const std::vector<at::Tensor>& outputs, char* arena,
+                         bool channels_last_ok = false) const;
+  // Node ni's results for a kernel writing where we choose: destination() or new tensors with
+  // the meta's geometry; empty when some result's geometry is not static. `chosen`: set when
+  // some result has a destination.
+  std::vector<at::Tensor> result_buffers(int ni, const std::vector<at::Tensor>& outputs, char* arena,
+                                         bool channels_last_ok, bool* chosen = nullptr) const;
   void plan();
   void fold_constants();
   // How run_node turns an operand into the value the op's schema takes: decided per argument
@@ -86,9 +100,9 @@ class __attribute__((visibility("hidden"))) Executable : public std::enable_shar
   std::vector<std::vector<int64_t>> promised_strides_;
   void conform(int ni, std::vector<c10::IValue>& env) const;
   void fill_empty_stats(int ni, std::vector<c10::IValue>& env) const;
-  // Per node: the op's out= overload, when the node's result can be written into memory we
+  // Per node: the op's out= overload, when the node's results can be written into memory we
   // choose (the arena, or the caller's output) instead of memory the op allocates.
-  std::vector<std::optional<c10::OperatorHandle>> out_op_;
+  std::vector<std::optional<OutCall>> out_op_;
   std::unique_ptr<std::atomic<bool>[]> out_failed_;  // per node: its out= call raised once
   std::vector<DeviceKernel> device_kernel_;  // per functional node: ours in place of CPU's (fallback_policy.h)
   std::vector<OpCounters*> device_kernel_counters_;  // ...counted in its op's metrics

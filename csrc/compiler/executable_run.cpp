@@ -116,7 +116,7 @@ void Executable::run_node(int ni, std::vector<c10::IValue>& env, const std::vect
   }
   // A device kernel in place of CPU's (device_kernels.h), also writing where we choose.
   if (DeviceKernel k = device_kernel_[ni]) {
-    std::vector<at::Tensor> dsts = device_kernel_outputs(ni, outputs, arena);
+    std::vector<at::Tensor> dsts = result_buffers(ni, outputs, arena, /*channels_last_ok=*/true);
     if (!dsts.empty() && k(dsts, stack)) {
       device_kernel_counters_[ni]->device_kernel.fetch_add(1, std::memory_order_relaxed);
       for (size_t r = 0; r < dsts.size(); ++r) env[n.outputs[r]] = std::move(dsts[r]);
@@ -124,14 +124,16 @@ void Executable::run_node(int ni, std::vector<c10::IValue>& env, const std::vect
       return;
     }
   }
-  // Written where we choose (the arena, the caller's output) through the op's out= overload.
-  if (out_op_[ni] && !out_failed_[ni].load(std::memory_order_relaxed)) {
-    at::Tensor dst = destination(n.outputs[0], outputs, arena);
-    if (dst.defined()) {
-      stack.emplace_back(dst);
+  // Written where we choose (the arena, the caller's output) through an out= overload.
+  if (const auto& oc = out_op_[ni]; oc && !out_failed_[ni].load(std::memory_order_relaxed)) {
+    bool chosen = false;
+    std::vector<at::Tensor> dsts = result_buffers(ni, outputs, arena, oc->any_layout, &chosen);
+    if (chosen) {
+      if (oc->extra) stack.push_back(*oc->extra);
+      for (const at::Tensor& t : dsts) stack.emplace_back(t);
       try {
-        out_op_[ni]->callBoxed(stack);
-        env[n.outputs[0]] = std::move(dst);
+        oc->op.callBoxed(stack);
+        for (size_t r = 0; r < dsts.size(); ++r) env[n.outputs[r]] = std::move(dsts[r]);
         return;
       } catch (const c10::Error&) {
         // Some out= kernels use `out` as scratch of another shape (mse_loss's resizes it): the
@@ -341,6 +343,7 @@ void Executable::execute(std::vector<c10::IValue>& env, const std::vector<at::Te
     if (r.data_ptr() == outputs[i].data_ptr() && r.strides() == outputs[i].strides()) continue;
     // An output the graph returns expanded (stride 0, e.g. a broadcast buffer) shares memory
     // between elements: write each location once, from the first index along those dims.
+    const int64_t start = report_steps ? rt::now_ns() : 0;
     at::Tensor dst = outputs[i], src = r;
     for (int64_t d = 0; d < dst.dim(); ++d)
       if (dst.stride(d) == 0 && dst.size(d) > 1) {
@@ -348,6 +351,7 @@ void Executable::execute(std::vector<c10::IValue>& env, const std::vector<at::Te
         src = src.narrow(d, 0, 1);
       }
     dst.copy_(src);
+    if (report_steps) rt::report_step("neuron::output_copy", start, rt::now_ns());
   }
 }
 

@@ -204,6 +204,7 @@ void bind(py::module& parent) {
       d["scalar"] = static_cast<bool>(i.scalar);
       d["program_form"] = program_forms[static_cast<int>(i.program_form)];
       d["flex_attention"] = i.flex_attention;
+      d["out_as"] = i.out_as;
       out.append(d);
     }
     return out;

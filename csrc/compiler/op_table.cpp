@@ -130,6 +130,7 @@ void add_pointwise(Table& t) {
   put(whole(OpId::kGelu, "aten::gelu"));  // lowered by codegen's gelu_expr (its form is an argument)
   // oneDNN post-ops of the activations an epilogue fuses.
   at(t, OpId::kRelu).post_op = "relu";
+  at(t, OpId::kRelu).out_as = "aten::clamp_min.out";
   at(t, OpId::kSilu).post_op = "swish";
   at(t, OpId::kTanh).post_op = "tanh";
   at(t, OpId::kSigmoid).post_op = "sigmoid";

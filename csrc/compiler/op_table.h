@@ -97,6 +97,11 @@ struct OpInfo {
   // Batch norm: in eval mode ATen's CPU kernel returns empty saved statistics where the meta
   // kernels traced for neuron give [C] (outputs 1 and 2).
   bool empty_eval_stats = false;
+  // An op whose out= kernel computes this one, given this op's arguments and `out_as_arg`
+  // (relu: clamp_min.out(self, 0), CPU's own relu): ATen's relu.out computes into new memory
+  // and copies.
+  const char* out_as = "";
+  int64_t out_as_arg = 0;
   bool pointwise() const { return operands > 0 || id == OpId::kGelu; }
 };
 

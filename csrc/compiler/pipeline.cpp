@@ -68,6 +68,7 @@ std::shared_ptr<Executable> compile(Graph g, const std::string& debug_dir, Compi
   }
   auto exe = std::make_shared<Executable>(std::move(g), std::move(groups), std::move(kernels), std::move(libs));
   stats.out_calls = exe->out_calls();
+  stats.output_copies = exe->output_copies();
   stats.passes.constants_folded = exe->folded();
   for (size_t i = 0; i < exe->graph().nodes.size(); ++i) {
     const Node& n = exe->graph().nodes[i];

@@ -9,9 +9,10 @@
 
 namespace neuronx::compiler {
 
-// out_calls: library calls writing into planned memory (out=); the memory plan: arena size,
+// out_calls: library calls writing into planned memory (out=); output_copies: returned results
+// copied into the caller's tensors at the end of a run; the memory plan: arena size,
 // planned buffers' sum and count. Listed once (exported under these names).
-#define NEURONX_PLAN_STATS(X) X(out_calls) X(arena_bytes) X(planned_bytes) X(planned_values)
+#define NEURONX_PLAN_STATS(X) X(out_calls) X(output_copies) X(arena_bytes) X(planned_bytes) X(planned_values)
 
 struct CompileStats {
   PassStats passes;

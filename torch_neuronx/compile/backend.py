@@ -9,7 +9,7 @@ import warnings
 
 import torch
 
-from . import export, graph_cache, layout, metrics
+from . import export, graph_cache, layout, metrics, relu_pool
 from .decompositions import NEURON_DECOMPOSITIONS
 from .output_code import EagerOutputCode, NeuronOutputCode
 
@@ -65,6 +65,8 @@ def compile_graph(gm, example_inputs, kind):
     """One FX graph (forward, backward or inference) → an ``OutputCode`` running the executable."""
     t0 = time.perf_counter()
     dbg = _debug_dir()
+    if kind == "inference":  # (training graphs: in the joint graph, before partitioning)
+        metrics.record_relu_pool_swaps(relu_pool.swap_relu_max_pool(gm))
     metrics.record_layout(*layout.channels_last(gm, kind))
     try:
         desc, consts = export.export(gm)
@@ -92,7 +94,7 @@ def _cache_key_tag():
     h = hashlib.sha256()
     here = pathlib.Path(__file__).resolve().parent
     for name in ("backend.py", "decompositions.py", "export.py", "graph_cache.py", "layout.py", "output_code.py",
-                 "../_torch_compat.py"):
+                 "relu_pool.py", "../_torch_compat.py"):
         h.update((here / name).read_bytes())
     # What decides the decomposition table without building it (~0.25 s, needed only to trace):
     # the torch build (in the key already) and the ops kept whole or decomposed our way.
@@ -125,6 +127,14 @@ def _note_recompile():
         metrics.record_recompile(reasons[-1:] or ["unknown"])
 
 
+def _partition(joint, joint_inputs, **kwargs):
+    """AOTAutograd's min-cut partitioner, after the rewrites that change what the forward saves."""
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+    metrics.record_relu_pool_swaps(relu_pool.swap_relu_max_pool(joint))
+    return min_cut_rematerialization_partition(joint, joint_inputs, **kwargs)
+
+
 def neuron_backend(gm, example_inputs, **kwargs):
     """The ``neuron`` Dynamo backend (``torch.compile(model, backend="neuron")``).
 
@@ -132,8 +142,6 @@ def neuron_backend(gm, example_inputs, **kwargs):
     ``dynamic=True`` and dimensions Dynamo marks dynamic are compiled with sizes as runtime
     arguments."""
     from torch._dynamo.backends.common import aot_autograd
-    from torch._functorch.partitioners import min_cut_rematerialization_partition
-
     mode = kwargs.get("mode") or kwargs.get("options", {}).get("mode") if kwargs else None
     if mode not in (None, "default"):
         _warn_once(("mode", mode), f"torch_neuronx compile: mode={mode!r} tunes Inductor; the neuron backend "
@@ -150,7 +158,7 @@ def neuron_backend(gm, example_inputs, **kwargs):
         bw_compiler=compiler("backward"),
         inference_compiler=compiler("inference"),
         decompositions=_Decompositions(),
-        partition_fn=min_cut_rematerialization_partition,
+        partition_fn=_partition,
         keep_inference_input_mutations=True,
     )
     # "Bundled": the cache entry holds our OutputCode itself (not Inductor's FX graph cache key).

@@ -11,7 +11,7 @@ def _fresh():
     m = {"compiles": 0, "cache_hits": 0, "graph_cache_hits": 0, "graph_cache_skips": 0, "recompiles": 0,
          "recompile_reasons": [], "compile_seconds": 0.0, "library_calls": collections.Counter(),
          "eager_graphs": 0, "eager_reasons": [], "channels_last_convolutions": 0, "channels_last_saved": 0,
-         "channels_last_received": 0}
+         "channels_last_received": 0, "relu_pool_swaps": 0}
     # The compiler's counters, under the names it exports them by (listed once, in C++).
     m.update({name: 0 for name in _C._compiler._compile_counters()})
     return m
@@ -58,6 +58,11 @@ def record_layout(convolutions, sent, received):
         _m["channels_last_convolutions"] += convolutions
         _m["channels_last_saved"] += sent
         _m["channels_last_received"] += received
+
+
+def record_relu_pool_swaps(n):
+    with _lock:
+        _m["relu_pool_swaps"] += n
 
 
 def record_eager(reason):
