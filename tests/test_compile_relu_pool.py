@@ -137,3 +137,52 @@ def test_channels_last_results_are_written_in_place():
         torch.testing.assert_close(a.cpu(), b, rtol=0, atol=0)
     m = compile_metrics()
     assert m["output_copies"] == 0 and m["out_calls"] >= 2, m
+
+
+def _output_copies_run(fn, *args):
+    """Runs ``fn`` once under torch.profiler: its results and the device's end-of-run copies."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as p:
+        out = fn(*args)
+        torch.neuron.synchronize()
+    return out, sum(1 for e in p.events() if e.name == "neuron::output_copy")
+
+
+@pytest.mark.parametrize("memory_format", [torch.contiguous_format, CL], ids=["nchw", "channels_last"])
+def test_returned_convolution_is_computed_in_the_callers_tensor(memory_format):
+    # A convolution has no out= kernel (ATen's convolution.out computes and copies): the graph's
+    # returned feature maps (16x64x48x48: 9 MiB) are computed straight into the tensors the
+    # caller gets, through memory lent to the op's allocation; nothing is copied at the end.
+    torch.manual_seed(0)
+    w = torch.randn(64, 32, 3, 3) * 0.1
+    x = torch.randn(16, 32, 48, 48).contiguous(memory_format=memory_format)
+
+    def f(x, w):
+        return F.conv2d(x, w, padding=1), F.conv2d(x, w, padding=2, dilation=2)
+
+    cf = torch.compile(f, backend="neuron")
+    xd, wd = x.to("neuron"), w.to("neuron")
+    cf(xd, wd)
+    torch.neuron.synchronize()
+    placed = torch_neuronx.metrics()["kernel_scratch"]["placed"]
+    got, copies = _output_copies_run(cf, xd, wd)
+    for a, b in zip(got, f(x, w)):
+        torch.testing.assert_close(a.cpu(), b, rtol=1e-4, atol=1e-4)
+    assert copies == 0
+    if memory_format == torch.contiguous_format:  # (channels-last: copied back to the traced NCHW)
+        assert torch_neuronx.metrics()["kernel_scratch"]["placed"] - placed == 2
+    assert compile_metrics()["output_copies"] == 0
+
+
+def test_results_of_equal_size_from_one_kernel_stay_apart():
+    # var_mean's two results have one size: the memory lent for the first must not end up under
+    # the second too (each result checked against CPU, bit for bit, over several calls).
+    x = torch.randn(8, 65536)
+    cf = torch.compile(lambda x: torch.var_mean(x, dim=0), backend="neuron")
+    xd = x.to("neuron")
+    for k in range(3):
+        var, mean = cf(xd * (k + 1))
+        ref_var, ref_mean = torch.var_mean(x * (k + 1), dim=0)
+        assert torch.equal(var.cpu(), ref_var) and torch.equal(mean.cpu(), ref_mean)
+    assert compile_metrics()["output_copies"] <= 1

@@ -80,7 +80,8 @@ def metrics():
     ``aliases`` counts the CPU views of device buffers that queued kernels ran on: made new, or
     reused from a kernel that finished (the engine keeps a few).
     ``kernel_scratch``: the host memory CPU kernels allocate on the engine threads, cached by
-    size: idle bytes and blocks, blocks served fresh and reused, bytes evicted (docs/device.md).
+    size: idle bytes and blocks, blocks served fresh and reused, bytes evicted, and ``placed``:
+    allocations served from a compiled graph's output lent to the kernel (docs/device.md).
     ``adaptive`` counts adaptive eager's work (:func:`set_execution_mode`): groups run fused and
     run kernel by kernel (first sight, kernel still building), ops fused, kernel variants, kernels
     built and found in the cache, and ``ended``: why groups ended (or did not start), by reason.

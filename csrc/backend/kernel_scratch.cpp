@@ -12,6 +12,7 @@
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/alloc_cpu.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <list>
 #include <mutex>
@@ -24,6 +25,11 @@
 namespace neuronx {
 
 namespace {
+
+thread_local ScratchPlacement* t_placement = nullptr;
+std::atomic<int64_t> g_placed{0};
+
+void keep(void*) {}  // placed memory belongs to the tensor it was lent from
 
 constexpr size_t kMinBytes = size_t{1} << 20;   // smaller blocks come from malloc's own heap
 constexpr size_t kGranule = size_t{64} << 10;   // sizes are rounded up to this, then reused exactly
@@ -45,6 +51,10 @@ class ScratchAllocator final : public c10::Allocator {
       : base_(base), base_raw_deleter_(base->raw_deleter()), max_cached_(max_cached()) {}
 
   c10::DataPtr allocate(size_t n) override {
+    if (ScratchPlacement* h = t_placement; h && !h->taken() && n == h->bytes()) {
+      g_placed.fetch_add(1, std::memory_order_relaxed);
+      return {h->take(), h->memory(), &keep, c10::Device(c10::kCPU)};
+    }
     if (n < kMinBytes || !rt::on_engine_thread()) return base_->allocate(n);
     const size_t size = (n + kGranule - 1) / kGranule * kGranule;
     void* p = nullptr;
@@ -151,6 +161,12 @@ class ScratchAllocator final : public c10::Allocator {
 
 }  // namespace
 
+ScratchPlacement::ScratchPlacement(void* memory, size_t bytes) : memory_(memory), bytes_(bytes), outer_(t_placement) {
+  t_placement = this;
+}
+
+ScratchPlacement::~ScratchPlacement() { t_placement = outer_; }
+
 void install_kernel_scratch_allocator() {
   static std::once_flag once;
   std::call_once(once, [] {
@@ -166,7 +182,9 @@ void empty_kernel_scratch() {
 
 KernelScratchStats kernel_scratch_stats() {
   ScratchAllocator* a = ScratchAllocator::instance();
-  return a ? a->stats() : KernelScratchStats{};
+  KernelScratchStats s = a ? a->stats() : KernelScratchStats{};
+  s.placed = g_placed.load(std::memory_order_relaxed);
+  return s;
 }
 
 }  // namespace neuronx

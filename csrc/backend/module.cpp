@@ -186,6 +186,7 @@ PYBIND11_MODULE(_C, m) {
     ks["fresh"] = k.fresh;
     ks["reused"] = k.reused;
     ks["evicted_bytes"] = k.evicted_bytes;
+    ks["placed"] = k.placed;
     d["kernel_scratch"] = ks;
     return d;
   });

@@ -140,6 +140,25 @@ Executable::Executable(Graph g, std::vector<FusionGroup> groups, std::vector<Ker
       if (promised_strides_[o].empty()) promised_strides_[o].push_back(0);  // 0-d: nothing to conform, but marked
     }
   }
+  // A returned result lent to its op's allocation (run_node): the largest dense one of a node
+  // with fresh results, the first of equal sizes (kernels allocate their results in order; below
+  // 64 KiB the copy at the end costs next to nothing).
+  place_value_.assign(graph_.nodes.size(), -1);
+  for (size_t i = 0; i < graph_.nodes.size(); ++i) {
+    const Node& n = graph_.nodes[i];
+    if (n.kind != Node::Kind::kAten || n.fused_group >= 0 || is_view(n)) continue;
+    int64_t best = (int64_t{64} << 10) - 1;
+    for (int o : n.outputs) {
+      const Value& v = graph_.values[o];
+      if (output_index_[o] < 0 || promised_strides_[o].empty() || !v.meta) continue;
+      if (!v.meta->is_static_contiguous() && !v.meta->is_static_channels_last()) continue;
+      const int64_t bytes = span_bytes(*v.meta);
+      if (bytes > best) {
+        best = bytes;
+        place_value_[i] = o;
+      }
+    }
+  }
   fold_constants();
   // Launch list: a group runs where its last node stood.
   std::vector<int> last_of_group(groups_.size());
@@ -298,7 +317,7 @@ Executable::ArgConv Executable::arg_conv(const c10::Argument& formal, const Arg&
 
 int Executable::out_calls() const {
   int n = 0;
-  for (size_t i = 0; i < out_op_.size(); ++i) n += out_op_[i].has_value() && !folded_[i];
+  for (size_t i = 0; i < out_op_.size(); ++i) n += out_op_[i].has_value() && !folded_[i] && !lends(static_cast<int>(i));
   return n;
 }
 
@@ -320,7 +339,8 @@ int Executable::output_copies() const {
     if (node.kind != Node::Kind::kAten || is_view(node)) continue;
     const bool dk = device_kernel_[st.index] != nullptr;
     const auto& oc = out_op_[st.index];
-    for (int o : node.outputs) n += copied(o, dk || oc, dk || (oc && oc->any_layout));
+    for (int o : node.outputs)
+      if (o != place_value_[st.index]) n += copied(o, dk || oc, dk || (oc && oc->any_layout));
   }
   return n;
 }

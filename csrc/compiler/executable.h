@@ -33,7 +33,8 @@ class __attribute__((visibility("hidden"))) Executable : public std::enable_shar
   const Graph& graph() const { return graph_; }
   const MemoryPlan& memory_plan() const { return plan_; }
   int out_calls() const;
-  // Returned results written elsewhere first and copied at the end of each run.
+  // Returned results written elsewhere first and copied at the end of each run (a result whose
+  // op is lent its memory counts as written in place: see place_value_).
   int output_copies() const;
   int folded() const;  // nodes evaluated when the executable was built
   bool is_folded(int node) const { return folded_[node]; }
@@ -99,6 +100,14 @@ class __attribute__((visibility("hidden"))) Executable : public std::enable_shar
   // promised layout, so the views after it (traced on the meta's strides) read it right.
   std::vector<std::vector<int64_t>> promised_strides_;
   void conform(int ni, std::vector<c10::IValue>& env) const;
+  // Per node run by its functional kernel: the returned result whose memory is lent to the op's
+  // allocation of that size (kernel_scratch.h), or -1; the caller's tensor for it at run time.
+  std::vector<int> place_value_;
+  at::Tensor placement_destination(int ni, const std::vector<at::Tensor>& outputs) const;
+  // Node ni's returned result is lent instead of passed as `out` (a composite out= computes
+  // into new memory and copies).
+  bool lends(int ni) const { return place_value_[ni] >= 0 && (!out_op_[ni] || !out_op_[ni]->any_layout); }
+  void settle_placement(int ni, c10::Stack& stack, const at::Tensor& placed) const;
   void fill_empty_stats(int ni, std::vector<c10::IValue>& env) const;
   // Per node: the op's out= overload, when the node's results can be written into memory we
   // choose (the arena, or the caller's output) instead of memory the op allocates.

@@ -1,6 +1,7 @@
 // The program on the queue (Executable::execute): its steps in order, fused loops over rows or
 // flat elements, and library calls (run_node) on CPU views of device memory.
 #include <ATen/ExpandUtils.h>
+#include <ATen/EmptyTensor.h>
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
@@ -13,6 +14,7 @@
 #include <limits>
 
 #include "backend/common.h"
+#include "backend/kernel_scratch.h"
 #include "compiler/epilogue_fusion.h"
 #include "compiler/executable.h"
 #include "compiler/scalar_ops.h"
@@ -125,7 +127,8 @@ void Executable::run_node(int ni, std::vector<c10::IValue>& env, const std::vect
     }
   }
   // Written where we choose (the arena, the caller's output) through an out= overload.
-  if (const auto& oc = out_op_[ni]; oc && !out_failed_[ni].load(std::memory_order_relaxed)) {
+  const auto& oc = out_op_[ni];
+  if (oc && !lends(ni) && !out_failed_[ni].load(std::memory_order_relaxed)) {
     bool chosen = false;
     std::vector<at::Tensor> dsts = result_buffers(ni, outputs, arena, oc->any_layout, &chosen);
     if (chosen) {
@@ -147,10 +150,20 @@ void Executable::run_node(int ni, std::vector<c10::IValue>& env, const std::vect
   const auto& h = *n.op;
   const bool integral_histc = n.neuron_kernel == Node::NeuronKernel::kIntegralInput && stack[0].isTensor() &&
                               c10::isIntegralType(stack[0].toTensor().scalar_type(), false);
-  if (n.neuron_kernel == Node::NeuronKernel::kAlways || integral_histc)
-    h.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), &stack);
-  else
-    h.callBoxed(stack);
+  // A returned result of an op that cannot write where we choose: the op's allocation of its
+  // size is served from the caller's tensor, sparing the copy at the end of the run.
+  const at::Tensor placed = placement_destination(ni, outputs);
+  {
+    std::optional<ScratchPlacement> placement;
+    if (placed.defined())
+      placement.emplace(placed.data_ptr(), at::detail::computeStorageNbytes(placed.sizes(), placed.strides(),
+                                                                            placed.itemsize()));
+    if (n.neuron_kernel == Node::NeuronKernel::kAlways || integral_histc)
+      h.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), &stack);
+    else
+      h.callBoxed(stack);
+    if (placement && placement->taken()) settle_placement(ni, stack, placed);
+  }
   const auto& returns = schema.returns();
   if (returns.size() == 1 && returns[0].type()->kind() == c10::TypeKind::ListType && stack.size() == 1 &&
       stack[0].isTensorList()) {  // split, unbind, ...: one value per element
@@ -161,6 +174,49 @@ void Executable::run_node(int ni, std::vector<c10::IValue>& env, const std::vect
   for (size_t r = 0; r < n.outputs.size() && r < stack.size(); ++r) env[n.outputs[r]] = std::move(stack[r]);
   if (op_info(n.id).empty_eval_stats) fill_empty_stats(ni, env);
   conform(ni, env);
+}
+
+at::Tensor Executable::placement_destination(int ni, const std::vector<at::Tensor>& outputs) const {
+  const int v = place_value_[ni];
+  if (v < 0) return {};
+  const int oi = output_index_[v];
+  if (oi >= static_cast<int>(outputs.size()) || !outputs[oi].defined()) return {};
+  const at::Tensor& t = outputs[oi];
+  const TensorMeta& m = *graph_.values[v].meta;
+  if (t.dim() != static_cast<int64_t>(m.sizes.size())) return {};
+  for (int64_t d = 0; d < t.dim(); ++d)
+    if (t.size(d) != m.sizes[d].value() || (t.size(d) > 1 && t.stride(d) != m.strides[d].value())) return {};
+  return t.is_non_overlapping_and_dense() ? t : at::Tensor();
+}
+
+// The memory lent to the op went to its allocation of that size: the result it was meant for
+// (then nothing is copied at the end), or a temporary the op has freed, or another result,
+// which gets memory of its own now (the caller's tensor is written at the end of the run).
+void Executable::settle_placement(int ni, c10::Stack& stack, const at::Tensor& placed) const {
+  const Node& n = graph_.nodes[ni];
+  const void* lent = placed.data_ptr();
+  auto own = [&](c10::IValue& iv, bool intended) {
+    if (!iv.isTensor()) return;
+    const at::Tensor& t = iv.toTensor();
+    if (!t.defined() || !t.has_storage() || t.storage().data() != lent) return;
+    if (intended && t.data_ptr() == lent && t.sizes() == placed.sizes() && t.strides() == placed.strides()) return;
+    at::Tensor c = at::empty_strided(t.sizes(), t.strides(), t.options());
+    c.copy_(t);
+    iv = std::move(c);
+  };
+  for (size_t r = 0; r < stack.size(); ++r) {
+    if (stack[r].isTensorList()) {
+      auto list = stack[r].toTensorVector();
+      for (auto& t : list) {
+        c10::IValue iv(t);
+        own(iv, false);
+        t = iv.toTensor();
+      }
+      stack[r] = c10::IValue(list);
+      continue;
+    }
+    own(stack[r], r < n.outputs.size() && n.outputs[r] == place_value_[ni]);
+  }
 }
 
 // Batch norm in eval mode: CPU returns empty saved statistics where the graph was traced with
