@@ -168,3 +168,32 @@ def test_dynamic_shapes_keep_the_traced_layout():
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v"]))
+
+
+@pytest.mark.parametrize("layout", ["input", "weights", "both"])
+def test_channels_last_models_return_the_layout_eager_returns(layout):
+    # A channels-last input or model (model.to(memory_format=torch.channels_last)): the compiled
+    # model's output and every gradient have the strides eager neuron gives them (CPU's rule: a
+    # 2-d convolution returns channels-last when its input or weight is), not the NCHW that
+    # PyTorch's fake convolution assumes for devices it does not know.
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(8, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
+                        nn.Conv2d(16, 4, 1))
+    x = torch.randn(4, 8, 20, 20)
+    if layout in ("input", "both"):
+        x = x.contiguous(memory_format=CL)
+    if layout in ("weights", "both"):
+        net = net.to(memory_format=CL)
+    eager, dev = copy.deepcopy(net).to("neuron"), copy.deepcopy(net).to("neuron")
+    xe, xc = x.to("neuron").requires_grad_(), x.to("neuron").requires_grad_()
+    ye = eager(xe)
+    yc = torch.compile(dev, backend="neuron")(xc)
+    assert ye.is_contiguous(memory_format=CL) and yc.stride() == ye.stride()
+    ye.square().sum().backward()
+    yc.square().sum().backward()
+    assert xc.grad.stride() == xe.grad.stride()
+    torch.testing.assert_close(yc.cpu(), ye.cpu(), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(xc.grad.cpu(), xe.grad.cpu(), rtol=1e-4, atol=1e-4)
+    for (name, p), q in zip(eager.named_parameters(), dev.parameters()):
+        assert q.grad.stride() == p.grad.stride(), name
+        torch.testing.assert_close(q.grad.cpu(), p.grad.cpu(), rtol=1e-3, atol=1e-3, msg=name)

@@ -36,7 +36,7 @@ def test_linear_cross_entropy_accumulates_in_float32_as_on_cpu_and_cuda(dtype):
 
 def test_the_adjustments_are_in_effect():
     assert {"flex_attention_device", "higher_order_autocast", "linear_cross_entropy_accumulation",
-            "multi_backend_default", "out_dtype_int_mm"} <= set(compat.applied())
+            "multi_backend_default", "out_dtype_int_mm", "conv_memory_format"} <= set(compat.applied())
     # Other higher-order ops pass autocast through on neuron, as on CPU and CUDA.
     from torch._C import DispatchKey
     from torch._higher_order_ops.cond import cond_op

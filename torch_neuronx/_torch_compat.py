@@ -30,6 +30,10 @@ listed in docs/device.md ("Adjustments to PyTorch"). Nothing else in the package
   replay random ops when activation checkpointing recomputes a compiled region): their kernels
   pick an implementation from a map of cuda, cpu, hpu and xpu and raise "Backend not supported"
   for any other device; ``neuron`` gets CUDA's implementation over ``torch.neuron``'s RNG state.
+- Traced convolutions (``torch.compile``): the fake convolution asks the device's convolution
+  backend for its result's layout, and for any device but CPU, CUDA and XPU the answer is NCHW;
+  ``neuron`` runs CPU's kernels, which return channels-last when the input or the weight is, so a
+  compiled graph returned NCHW where eager returned channels-last. ``neuron`` gets CPU's rule.
 - Printing a tensor: ``torch._tensor_str`` copies xla, lazy, ipu and mtia tensors to the host
   before formatting them and formats any other device's tensor with device ops, reading element
   after element back (dozens of host synchronizations per print, each draining the queues).
@@ -145,6 +149,28 @@ def _inductor_on_neuron():
     __call__._neuron = True
     cls.__call__ = __call__
     _applied.append("inductor_on_neuron")
+
+
+def _conv_memory_format():
+    original = torch._C._conv_determine_backend_memory_format
+    if getattr(original, "_neuron", False):
+        return
+    channels_last = torch.channels_last
+
+    def determine(input_, weight, backend):
+        device = getattr(input_, "fake_device", input_.device)
+        if device.type == "neuron" and input_.dim() == 4 and weight.dim() == 4 and not input_.is_complex():
+            # CPU's 2-d convolution backends (oneDNN and the slow ones) return channels-last when
+            # the input or the weight is: the device runs CPU's kernels.
+            fmt = torch._prims_common.suggest_memory_format
+            if fmt(input_) == channels_last or fmt(weight) == channels_last:
+                return channels_last
+            return torch.contiguous_format
+        return original(input_, weight, backend)
+
+    determine._neuron = True
+    torch._C._conv_determine_backend_memory_format = determine
+    _applied.append("conv_memory_format")
 
 
 def _rng_state_higher_order_ops():
@@ -291,13 +317,14 @@ def apply():
         warnings.warn(
             f"torch_neuronx: torch {torch.__version__} is not a version its PyTorch adjustments were checked "
             f"against ({', '.join(v + 'x' for v in _CHECKED)}); FlexAttention, linear_cross_entropy, "
-            "out_dtype, Inductor on neuron graphs, RNG-state replay, printing and multi-backend process groups keep PyTorch's own device rules on neuron. Install torch==2.13.0.",
+            "out_dtype, Inductor on neuron graphs, RNG-state replay, printing, traced convolution layouts and "
+            "multi-backend process groups keep PyTorch's own device rules on neuron. Install torch==2.13.0.",
             stacklevel=2,
         )
         return
     for adjust in (_flex_attention_device, _higher_order_autocast, _linear_cross_entropy_accumulation,
                    _multi_backend_default, _out_dtype_int_mm, _inductor_on_neuron, _rng_state_higher_order_ops,
-                   _print_from_host_copy):
+                   _print_from_host_copy, _conv_memory_format):
         try:
             adjust()
         except (AttributeError, ImportError, KeyError) as e:  # torch moved something: say which
