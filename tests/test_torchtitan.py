@@ -134,15 +134,21 @@ def test_llama_float8_equals_cpu(assets, tmp_path):
 
 def test_llama_float8_fsdp2_all_gather_matches_gloo(assets, tmp_path):
     # FSDP2 all-gathers float8 weights cast with a scale precomputed over every shard: the same
-    # float8 weights as DDP casting the whole weight (the CPU reference, as Gloo lacks PREMUL_SUM).
+    # float8 weights as FSDP2 all-gathering float32 weights and casting them whole, so the losses
+    # are those of that run exactly. The CPU reference is DDP (Gloo lacks FSDP2's PREMUL_SUM).
+    # FSDP2 and DDP update differently laid-out tensors (shards, whole weights), which round a few
+    # elements differently (vectorized bodies, scalar tails); float8 casts then amplify those ulps
+    # (a 4.5e-5 relative difference by the third step on an AVX-512 host, where float32 runs agree
+    # to the logged digits): a tolerance as for compiled Llama.
     f8 = ("--model.converters", "quantize.linear.float8", "--quantize.linear.float8.emulate",
-          "--training.mixed_precision_param", "float32")
-    fsdp = titan("neuron", assets, tmp_path / "n", "--parallelism.data_parallel_shard_degree", "2", *f8,
-                 "--quantize.linear.float8.enable_fsdp_float8_all_gather",
-                 "--quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp", nproc=2, steps=STEPS - 1)
-    ddp = titan("cpu", assets, tmp_path / "c", "--parallelism.data_parallel_replicate_degree", "2", *f8, nproc=2,
-                steps=STEPS - 1)
-    assert fsdp == pytest.approx(ddp, rel=2e-5)
+          "--training.mixed_precision_param", "float32", "--parallelism.data_parallel_shard_degree", "2")
+    gathered_f8 = titan("neuron", assets, tmp_path / "n", *f8, "--quantize.linear.float8.enable_fsdp_float8_all_gather",
+                        "--quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp", nproc=2, steps=STEPS - 1)
+    gathered_f32 = titan("neuron", assets, tmp_path / "n32", *f8, nproc=2, steps=STEPS - 1)
+    assert len(gathered_f8) == STEPS - 1 and gathered_f8 == gathered_f32
+    ddp = titan("cpu", assets, tmp_path / "c", *f8[:-2], "--parallelism.data_parallel_replicate_degree", "2",
+                nproc=2, steps=STEPS - 1)
+    assert gathered_f8 == pytest.approx(ddp, rel=1e-4)
 
 
 def test_deepseek_v3_one_rank_equals_cpu(assets, tmp_path):
