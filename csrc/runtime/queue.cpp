@@ -139,18 +139,55 @@ uint64_t Queue::submit(Task&& t) {
     engine_->done_cv_.wait(wait_lk, [&] { return submitted_ - completed_ < kMaxPending / 2; });
     engine_->sync_waiters_--;
   }
-  std::unique_lock<std::mutex> lk(engine_->mu_, std::defer_lock);
-  lock_spinning(lk);
-  engine_->ensure_started_locked();
-  t.seq = ++submitted_;
-  uint64_t seq = t.seq;
-  tasks_.push_back(std::move(t));
-  engine_->pending_.fetch_add(1, std::memory_order_release);
+  if (!engine_->started_.load(std::memory_order_acquire)) {
+    std::lock_guard<std::mutex> lk(engine_->mu_);
+    engine_->ensure_started_locked();
+  }
+  uint64_t seq;
+  bool release = false;
+  {
+    std::lock_guard<std::mutex> p(producer_mu_);
+    if (!inbox_) inbox_ = std::make_unique<Task[]>(kInboxSlots);
+    const uint64_t tail = inbox_tail_.load(std::memory_order_relaxed);
+    if (tail - inbox_head_seen_ >= kInboxSlots) {
+      inbox_head_seen_ = inbox_head_.load(std::memory_order_acquire);
+      if (tail - inbox_head_seen_ >= kInboxSlots) {
+        std::lock_guard<std::mutex> lk(engine_->mu_);
+        drain_locked();
+        inbox_head_seen_ = inbox_head_.load(std::memory_order_relaxed);
+      }
+    }
+    // Counted before it is published: a task the engine can take (and complete) is counted, so
+    // completed_seq() never passes submitted_seq(). Sequence number n is the inbox's n-th task.
+    seq = tail + 1;
+    t.seq = seq;
+    inbox_[tail % kInboxSlots] = std::move(t);
+    submitted_.store(seq, std::memory_order_relaxed);
+    inbox_tail_.store(seq, std::memory_order_seq_cst);  // (also publishes submitted_)
+    if (++since_release_ >= kReleaseEvery) {
+      since_release_ = 0;
+      release = true;
+    }
+  }
   if (telemetry::CoreCounters* c = telemetry::core(device_)) c->submitted.fetch_add(1, std::memory_order_relaxed);
-  const bool wake = engine_->idle_;
-  engine_->release_finished(lk);
-  if (wake) engine_->work_cv_.notify_one();
+  if (engine_->idle_.load(std::memory_order_seq_cst)) {
+    std::lock_guard<std::mutex> lk(engine_->mu_);
+    engine_->work_cv_.notify_one();
+  }
+  if (release) {
+    std::unique_lock<std::mutex> lk(engine_->mu_, std::defer_lock);
+    lock_spinning(lk);
+    engine_->release_finished(lk);
+  }
   return seq;
+}
+
+void Queue::drain_locked() {
+  const uint64_t tail = inbox_tail_.load(std::memory_order_acquire);
+  uint64_t head = inbox_head_.load(std::memory_order_relaxed);
+  if (head == tail) return;
+  for (; head != tail; ++head) tasks_.push_back(std::move(inbox_[head % kInboxSlots]));
+  inbox_head_.store(tail, std::memory_order_release);
 }
 
 uint64_t Queue::refresh_completed_seen() {
@@ -276,6 +313,7 @@ size_t Queue::pending() const {
 
 void Queue::inspect(const std::function<void(const Task&)>& fn) const {
   std::lock_guard<std::mutex> lk(engine_->mu_);
+  const_cast<Queue*>(this)->drain_locked();  // (moves tasks between two containers of this queue)
   for (const Task& t : tasks_) fn(t);
 }
 
@@ -317,6 +355,7 @@ void Engine::attach(Queue* q) {
   // Highest priority first (lower number = higher priority, as in CUDA).
   std::stable_sort(queues_.begin(), queues_.end(),
                    [](Queue* a, Queue* b) { return a->priority_ < b->priority_; });
+  attached_.store(queues_.size(), std::memory_order_seq_cst);
 }
 
 void Engine::release_finished(std::unique_lock<std::mutex>& lk) {
@@ -333,15 +372,31 @@ void Engine::release_finished(std::unique_lock<std::mutex>& lk) {
 }
 
 void Engine::ensure_started_locked() {
-  if (started_) return;
-  started_ = true;
+  if (started_.load(std::memory_order_relaxed)) return;
   thread_ = std::thread([this] { loop(); });
+  started_.store(true, std::memory_order_release);
+}
+
+void Engine::drain_all_locked() {
+  drained_tails_.resize(queues_.size());
+  for (size_t i = 0; i < queues_.size(); ++i) {
+    queues_[i]->drain_locked();
+    drained_tails_[i] = queues_[i]->inbox_head_.load(std::memory_order_relaxed);
+  }
+}
+
+bool Engine::inbox_moved_locked() const {
+  if (attached_.load(std::memory_order_seq_cst) != drained_tails_.size()) return true;
+  for (size_t i = 0; i < queues_.size(); ++i)
+    if (queues_[i]->inbox_tail_.load(std::memory_order_seq_cst) != drained_tails_[i]) return true;
+  return false;
 }
 
 void Engine::wake() {
   {
     std::lock_guard<std::mutex> lk(mu_);
-    if (!idle_) return;
+    if (!idle_.load(std::memory_order_relaxed)) return;
+    drain_all_locked();
     // An event can only release a queue held at a wait: waking an engine that
     // has none costs a thread switch (and on 2 cores, the other process's time)
     // for nothing, at every event of every device.
@@ -376,6 +431,11 @@ Queue* Engine::pick_locked() {
 }
 
 size_t Engine::offer_group(std::unique_lock<std::mutex>& lk, Queue* q, Task& task) {
+  // Tasks are numbered as they enter the inbox (the n-th task pushed has sequence number n), so
+  // after draining, the tail is the last task in view: work counted since is known to the grouper
+  // as submitted_seq() moving past it.
+  q->drain_locked();
+  const uint64_t submitted = q->inbox_head_.load(std::memory_order_relaxed);
   Grouper* grouper = g_grouper.load(std::memory_order_relaxed);
   if (!grouper || q->tasks_.empty() || q->tasks_.front().kind != Task::Kind::kKernel ||
       !grouper->candidate(*task.kernel)) {
@@ -392,7 +452,7 @@ size_t Engine::offer_group(std::unique_lock<std::mutex>& lk, Queue* q, Task& tas
   GroupWindow w;
   w.complete = next.size() == q->tasks_.size();
   w.queue = q;
-  w.submitted = q->submitted_.load(std::memory_order_relaxed);
+  w.submitted = submitted;
   lk.unlock();
   w.next = next.data();
   w.n = next.size();
@@ -408,7 +468,6 @@ size_t Engine::offer_group(std::unique_lock<std::mutex>& lk, Queue* q, Task& tas
     task.seq = t.seq;
     q->tasks_.pop_front();
   }
-  pending_.fetch_sub(k, std::memory_order_acq_rel);
   lk.unlock();
   task.kernel = grouper->make(std::move(members));
   return k;
@@ -417,37 +476,51 @@ size_t Engine::offer_group(std::unique_lock<std::mutex>& lk, Queue* q, Task& tas
 void Engine::loop() {
   t_engine_thread = true;
   std::unique_lock<std::mutex> lk(mu_);
+  bool spun = false;
+  std::vector<std::pair<const std::atomic<uint64_t>*, uint64_t>> watch;  // (tail, drained) while spinning
   while (true) {
+    drain_all_locked();
     Queue* q = pick_locked();
     if (!q) {
       if (stop_) return;
-      // Spin briefly (spin_ns_) before sleeping.
-      lk.unlock();
-      const int64_t until = now_ns() + spin_ns_;
-      // (a pause loop, not sched_yield: a syscall per iteration costs the host core too)
-      for (int i = 0; pending_.load(std::memory_order_acquire) == 0; ++i) {
-        if ((i & 63) == 0 && now_ns() >= until) break;
+      if (!spun) {
+        // Spin briefly (spin_ns_) for a new submission before sleeping, reading the inbox tails
+        // (lines the submitters write anyway) without the lock.
+        watch.clear();
+        for (size_t i = 0; i < queues_.size(); ++i) watch.emplace_back(&queues_[i]->inbox_tail_, drained_tails_[i]);
+        const size_t attached = queues_.size();
+        lk.unlock();
+        const int64_t until = now_ns() + spin_ns_;
+        auto moved = [&] {
+          if (attached_.load(std::memory_order_acquire) != attached) return true;
+          for (const auto& [tail, drained] : watch)
+            if (tail->load(std::memory_order_acquire) != drained) return true;
+          return false;
+        };
+        // (a pause loop, not sched_yield: a syscall per iteration costs the host core too)
+        for (int i = 0; !moved(); ++i) {
+          if ((i & 63) == 0 && now_ns() >= until) break;
 #if defined(__x86_64__) || defined(__i386__)
-        __builtin_ia32_pause();
+          __builtin_ia32_pause();
 #else
-        std::this_thread::yield();
+          std::this_thread::yield();
 #endif
-      }
-      lock_spinning(lk);
-      q = pick_locked();
-      if (!q) {
-        if (stop_) return;
-        idle_ = true;
-        work_cv_.wait(lk);
-        idle_ = false;
+        }
+        lock_spinning(lk);
+        spun = true;
         continue;
       }
+      idle_.store(true, std::memory_order_seq_cst);
+      if (!inbox_moved_locked()) work_cv_.wait(lk);
+      idle_.store(false, std::memory_order_relaxed);
+      spun = false;
+      continue;
     }
+    spun = false;
     Task task = std::move(q->tasks_.front());
     q->tasks_.pop_front();
     q->running_ = true;
     q->last_served_ = ++tick_;
-    pending_.fetch_sub(1, std::memory_order_acq_rel);
     // Both engines of a device (compute, collectives) count into its counters.
     telemetry::CoreCounters* counters = telemetry::core(device_);
     if (counters) counters->started.fetch_add(1, std::memory_order_relaxed);
