@@ -3,6 +3,12 @@
 #include <algorithm>
 #include <map>
 
+#if defined(__linux__)
+#include <linux/membarrier.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 #include "runtime/config.h"
 #include "runtime/recycled.h"
 #include "runtime/telemetry.h"
@@ -105,6 +111,35 @@ BlockingScope::~BlockingScope() {
 }
 
 namespace {
+// An asymmetric fence between submitters and an engine going to sleep (as in folly's
+// asymmetricLightBarrier/HeavyBarrier). A submitter stores its inbox tail, then reads idle_; the
+// engine stores idle_, then reads the tails. Each side needs a full fence between its store and
+// its load, or both may read the old value and the engine sleeps on a queued task. The submitter
+// does this at every op and the engine only before it sleeps, so the submitter's fence is a
+// compiler barrier and the engine's is membarrier(2), which runs a full fence on every thread of
+// the process. Where membarrier is missing, both sides use a full fence.
+bool asymmetric_fences() {
+#if defined(__linux__) && !defined(__SANITIZE_THREAD__)  // (TSan models fences, not membarrier)
+  static const bool ok = syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0;
+  return ok;
+#else
+  return false;
+#endif
+}
+const bool g_asymmetric = asymmetric_fences();  // (registered before any engine runs)
+
+inline void light_barrier() {
+  if (g_asymmetric) std::atomic_signal_fence(std::memory_order_seq_cst);
+  else std::atomic_thread_fence(std::memory_order_seq_cst);
+}
+
+void heavy_barrier() {
+#if defined(__linux__)
+  if (g_asymmetric && syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) == 0) return;
+#endif
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+}
+
 // The engine's lock guards short sections that the host (submit) and the engine (take a task,
 // complete it) enter once per op. Sleeping in the kernel when the other holds it costs more
 // than those sections (futex wait and wake); spinning briefly for it costs less.
@@ -128,6 +163,12 @@ Queue::Queue(Engine* engine, int device, uint64_t id, int priority)
   engine_->attach(this);
 }
 
+Queue::~Queue() {
+  // Tasks still in the inbox (the engine stopped first): destroyed as tasks_ destroys its own.
+  const uint64_t tail = inbox_tail_.load(std::memory_order_acquire);
+  for (uint64_t i = inbox_head_.load(std::memory_order_acquire); inbox_ && i != tail; ++i) inbox_task(i)->~Task();
+}
+
 uint64_t Queue::submit(Task&& t) {
   // The bound is a throttle, read without the lock (one lock per submit, not two): completed_ only
   // grows, and concurrent submitters can pass it by no more than their number.
@@ -143,11 +184,12 @@ uint64_t Queue::submit(Task&& t) {
     std::lock_guard<std::mutex> lk(engine_->mu_);
     engine_->ensure_started_locked();
   }
+  if (telemetry::CoreCounters* c = telemetry::core(device_)) c->submitted.fetch_add(1, std::memory_order_relaxed);
   uint64_t seq;
   bool release = false;
   {
-    std::lock_guard<std::mutex> p(producer_mu_);
-    if (!inbox_) inbox_ = std::make_unique<Task[]>(kInboxSlots);
+    producer_lock();
+    if (!inbox_) inbox_ = std::make_unique<InboxSlot[]>(kInboxSlots);
     const uint64_t tail = inbox_tail_.load(std::memory_order_relaxed);
     if (tail - inbox_head_seen_ >= kInboxSlots) {
       inbox_head_seen_ = inbox_head_.load(std::memory_order_acquire);
@@ -161,16 +203,19 @@ uint64_t Queue::submit(Task&& t) {
     // completed_seq() never passes submitted_seq(). Sequence number n is the inbox's n-th task.
     seq = tail + 1;
     t.seq = seq;
-    inbox_[tail % kInboxSlots] = std::move(t);
+    new (inbox_[tail % kInboxSlots].bytes) Task(std::move(t));
     submitted_.store(seq, std::memory_order_relaxed);
-    inbox_tail_.store(seq, std::memory_order_seq_cst);  // (also publishes submitted_)
+    inbox_tail_.store(seq, std::memory_order_release);  // (also publishes submitted_)
     if (++since_release_ >= kReleaseEvery) {
       since_release_ = 0;
       release = true;
     }
+    producer_unlock();
   }
-  if (telemetry::CoreCounters* c = telemetry::core(device_)) c->submitted.fetch_add(1, std::memory_order_relaxed);
-  if (engine_->idle_.load(std::memory_order_seq_cst)) {
+  // The tail's store, then idle_'s load: the light side of the fence an engine that goes to sleep
+  // makes heavy (Engine::loop).
+  light_barrier();
+  if (engine_->idle_.load(std::memory_order_relaxed)) {
     std::lock_guard<std::mutex> lk(engine_->mu_);
     engine_->work_cv_.notify_one();
   }
@@ -182,11 +227,27 @@ uint64_t Queue::submit(Task&& t) {
   return seq;
 }
 
+void Queue::producer_lock() {
+  for (int i = 0; producer_busy_.exchange(true, std::memory_order_acquire); ++i) {
+    while (producer_busy_.load(std::memory_order_relaxed)) {
+      // Held by another host thread for a few stores, unless it was preempted holding it.
+      if (++i % 64 == 0) std::this_thread::yield();
+#if defined(__x86_64__) || defined(__i386__)
+      else __builtin_ia32_pause();
+#endif
+    }
+  }
+}
+
 void Queue::drain_locked() {
   const uint64_t tail = inbox_tail_.load(std::memory_order_acquire);
   uint64_t head = inbox_head_.load(std::memory_order_relaxed);
   if (head == tail) return;
-  for (; head != tail; ++head) tasks_.push_back(std::move(inbox_[head % kInboxSlots]));
+  for (; head != tail; ++head) {
+    Task* t = inbox_task(head);
+    tasks_.push_back(std::move(*t));
+    t->~Task();
+  }
   inbox_head_.store(tail, std::memory_order_release);
 }
 
@@ -510,7 +571,8 @@ void Engine::loop() {
         spun = true;
         continue;
       }
-      idle_.store(true, std::memory_order_seq_cst);
+      idle_.store(true, std::memory_order_relaxed);
+      heavy_barrier();
       if (!inbox_moved_locked()) work_cv_.wait(lk);
       idle_.store(false, std::memory_order_relaxed);
       spun = false;

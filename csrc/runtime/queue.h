@@ -16,6 +16,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <string>
 #include <thread>
 #include <vector>
@@ -130,6 +131,7 @@ class Queue {
   static constexpr uint64_t kMaxPending = 1024;
 
   Queue(Engine* engine, int device, uint64_t id, int priority);
+  ~Queue();
   int device() const { return device_; }
   uint64_t id() const { return id_; }
   int priority() const { return priority_; }
@@ -191,19 +193,31 @@ class Queue {
   // synchronization), not at each: one visit to the engine's lock per batch.
   static constexpr uint32_t kReleaseEvery = 32;
 
-  // Written by submitting host threads.
-  alignas(64) std::mutex producer_mu_;  // host threads submitting here, among themselves
-  std::unique_ptr<Task[]> inbox_;       // kInboxSlots slots, made at the first submit
+  // Written by submitting host threads only. Their lock is a spinlock, on this line: its release
+  // is a plain store, where a mutex's unlock is a locked instruction that would wait for the
+  // stores just made to the lines below, which the engine reads.
+  alignas(64) std::atomic<bool> producer_busy_{false};
+  void producer_lock();
+  void producer_unlock() { producer_busy_.store(false, std::memory_order_release); }
   uint64_t inbox_head_seen_ = 0;        // the consumer's position as a producer last read it
   uint32_t since_release_ = 0;          // submissions since finished kernels were released
-  std::atomic<uint64_t> inbox_tail_{0};  // (producer_mu_)
-  // Atomic so that the allocator and the engine can read a queue's position
-  // (submitted_seq/completed_seq) without a lock; a task is in the inbox before it is counted.
-  std::atomic<uint64_t> submitted_{0};
   uint64_t refresh_completed_seen();
   // The last completed_ a submitter read: the backpressure bound is checked against it, and
   // completed_ (a line the engine writes every task) is read only when it may have been reached.
   std::atomic<uint64_t> completed_seen_{0};
+  // Written by submitters (producer lock), read by the engine at every task.
+  alignas(64) std::atomic<uint64_t> inbox_tail_{0};
+  // kInboxSlots slots, made at the first submit (producer lock). Raw storage: a submitter
+  // constructs a task in its slot without reading what the engine last left there (a read of a
+  // line the other core wrote costs a miss; a store does not wait), and draining destroys it.
+  struct InboxSlot {
+    alignas(Task) unsigned char bytes[sizeof(Task)];
+  };
+  std::unique_ptr<InboxSlot[]> inbox_;
+  Task* inbox_task(uint64_t i) { return std::launder(reinterpret_cast<Task*>(inbox_[i % kInboxSlots].bytes)); }
+  // Atomic so that the allocator and the engine can read a queue's position
+  // (submitted_seq/completed_seq) without a lock; a task is counted before the tail publishes it.
+  std::atomic<uint64_t> submitted_{0};
 
   // Written by the engine (under engine_->mu_).
   alignas(64) std::deque<Task> tasks_;

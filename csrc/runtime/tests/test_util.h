@@ -76,8 +76,8 @@ class Gate {
 // Rig before any Gate its kernels block on, so the Gate opens first.
 class Rig {
  public:
-  explicit Rig(int device = 0, const char* name = "test/compute")
-      : device_(device), engine_(std::make_unique<Engine>(device, name)) {}
+  explicit Rig(int device = 0, const char* name = "test/compute", int64_t spin_ns = Engine::kDefaultSpinNs)
+      : device_(device), engine_(std::make_unique<Engine>(device, name, spin_ns)) {}
   ~Rig() { engine_.reset(); }
   Rig(const Rig&) = delete;
   Rig& operator=(const Rig&) = delete;
