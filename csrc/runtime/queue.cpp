@@ -133,11 +133,15 @@ inline void light_barrier() {
   else std::atomic_thread_fence(std::memory_order_seq_cst);
 }
 
-void heavy_barrier() {
+// False where submitters' light barrier is not matched (membarrier failed after registering):
+// the engine then cannot trust that it sees a task pushed while it went to sleep, and sleeps
+// with a timeout instead.
+bool heavy_barrier() {
 #if defined(__linux__)
-  if (g_asymmetric && syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) == 0) return;
+  if (g_asymmetric) return syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) == 0;
 #endif
   std::atomic_thread_fence(std::memory_order_seq_cst);
+  return true;
 }
 
 // The engine's lock guards short sections that the host (submit) and the engine (take a task,
@@ -159,15 +163,39 @@ void lock_spinning(std::unique_lock<std::mutex>& lk) {
 // ---------------------------------------------------------------- Queue
 
 Queue::Queue(Engine* engine, int device, uint64_t id, int priority)
-    : engine_(engine), device_(device), id_(id), priority_(priority) {
+    : engine_(engine), device_(device), id_(id), priority_(priority),
+      inbox_(std::make_unique<InboxSlot[]>(kInboxSlots)) {
   engine_->attach(this);
 }
 
 Queue::~Queue() {
   // Tasks still in the inbox (the engine stopped first): destroyed as tasks_ destroys its own.
   const uint64_t tail = inbox_tail_.load(std::memory_order_acquire);
-  for (uint64_t i = inbox_head_.load(std::memory_order_acquire); inbox_ && i != tail; ++i) inbox_task(i)->~Task();
+  for (uint64_t i = inbox_head_.load(std::memory_order_acquire); i != tail; ++i) inbox_task(i)->~Task();
 }
+
+// A spinlock: its release is a plain store, where a mutex's unlock is a locked instruction that
+// would wait for the stores just made to the lines the engine reads.
+class Queue::ProducerLock {
+ public:
+  explicit ProducerLock(Queue& q) : busy_(q.producer_busy_) {
+    for (int i = 0; busy_.exchange(true, std::memory_order_acquire); ++i) {
+      while (busy_.load(std::memory_order_relaxed)) {
+        // Held by another host thread for a few stores, unless it was preempted holding it.
+        if (++i % 64 == 0) std::this_thread::yield();
+#if defined(__x86_64__) || defined(__i386__)
+        else __builtin_ia32_pause();
+#endif
+      }
+    }
+  }
+  ~ProducerLock() { busy_.store(false, std::memory_order_release); }
+  ProducerLock(const ProducerLock&) = delete;
+  ProducerLock& operator=(const ProducerLock&) = delete;
+
+ private:
+  std::atomic<bool>& busy_;
+};
 
 uint64_t Queue::submit(Task&& t) {
   // The bound is a throttle, read without the lock (one lock per submit, not two): completed_ only
@@ -188,8 +216,7 @@ uint64_t Queue::submit(Task&& t) {
   uint64_t seq;
   bool release = false;
   {
-    producer_lock();
-    if (!inbox_) inbox_ = std::make_unique<InboxSlot[]>(kInboxSlots);
+    ProducerLock producer(*this);
     const uint64_t tail = inbox_tail_.load(std::memory_order_relaxed);
     if (tail - inbox_head_seen_ >= kInboxSlots) {
       inbox_head_seen_ = inbox_head_.load(std::memory_order_acquire);
@@ -210,7 +237,6 @@ uint64_t Queue::submit(Task&& t) {
       since_release_ = 0;
       release = true;
     }
-    producer_unlock();
   }
   // The tail's store, then idle_'s load: the light side of the fence an engine that goes to sleep
   // makes heavy (Engine::loop).
@@ -227,28 +253,15 @@ uint64_t Queue::submit(Task&& t) {
   return seq;
 }
 
-void Queue::producer_lock() {
-  for (int i = 0; producer_busy_.exchange(true, std::memory_order_acquire); ++i) {
-    while (producer_busy_.load(std::memory_order_relaxed)) {
-      // Held by another host thread for a few stores, unless it was preempted holding it.
-      if (++i % 64 == 0) std::this_thread::yield();
-#if defined(__x86_64__) || defined(__i386__)
-      else __builtin_ia32_pause();
-#endif
-    }
-  }
-}
-
 void Queue::drain_locked() {
   const uint64_t tail = inbox_tail_.load(std::memory_order_acquire);
   uint64_t head = inbox_head_.load(std::memory_order_relaxed);
-  if (head == tail) return;
   for (; head != tail; ++head) {
     Task* t = inbox_task(head);
-    tasks_.push_back(std::move(*t));
+    tasks_.push_back(std::move(*t));  // (may throw: the slot then stays the inbox's)
     t->~Task();
+    inbox_head_.store(head + 1, std::memory_order_release);  // the slot is free for submitters
   }
-  inbox_head_.store(tail, std::memory_order_release);
 }
 
 uint64_t Queue::refresh_completed_seen() {
@@ -419,6 +432,11 @@ void Engine::attach(Queue* q) {
   attached_.store(queues_.size(), std::memory_order_seq_cst);
 }
 
+void Engine::release_finished() {
+  std::unique_lock<std::mutex> lk(mu_);
+  release_finished(lk);
+}
+
 void Engine::release_finished(std::unique_lock<std::mutex>& lk) {
   if (finished_.empty()) {
     lk.unlock();
@@ -572,8 +590,13 @@ void Engine::loop() {
         continue;
       }
       idle_.store(true, std::memory_order_relaxed);
-      heavy_barrier();
-      if (!inbox_moved_locked()) work_cv_.wait(lk);
+      // (under mu_: wake() and attach() decide by idle_ under it, and their notify must find the
+      // worker waiting or not yet past this check)
+      const bool fenced = heavy_barrier();
+      if (!inbox_moved_locked()) {
+        if (fenced) work_cv_.wait(lk);
+        else work_cv_.wait_for(lk, std::chrono::milliseconds(1));  // a submission may go unseen
+      }
       idle_.store(false, std::memory_order_relaxed);
       spun = false;
       continue;

@@ -197,8 +197,7 @@ class Queue {
   // is a plain store, where a mutex's unlock is a locked instruction that would wait for the
   // stores just made to the lines below, which the engine reads.
   alignas(64) std::atomic<bool> producer_busy_{false};
-  void producer_lock();
-  void producer_unlock() { producer_busy_.store(false, std::memory_order_release); }
+  class ProducerLock;  // holds producer_busy_ for a scope
   uint64_t inbox_head_seen_ = 0;        // the consumer's position as a producer last read it
   uint32_t since_release_ = 0;          // submissions since finished kernels were released
   uint64_t refresh_completed_seen();
@@ -207,7 +206,7 @@ class Queue {
   std::atomic<uint64_t> completed_seen_{0};
   // Written by submitters (producer lock), read by the engine at every task.
   alignas(64) std::atomic<uint64_t> inbox_tail_{0};
-  // kInboxSlots slots, made at the first submit (producer lock). Raw storage: a submitter
+  // kInboxSlots slots. Raw storage: a submitter
   // constructs a task in its slot without reading what the engine last left there (a read of a
   // line the other core wrote costs a miss; a store does not wait), and draining destroys it.
   struct InboxSlot {
@@ -242,6 +241,8 @@ class Engine {
   ~Engine();
   void attach(Queue* q);
   static void wake_all();  // an event completed: blocked queues may be ready
+  // Destroys the kernels the worker finished, which hold their operands (from a host thread).
+  void release_finished();
 
  private:
   friend class Queue;

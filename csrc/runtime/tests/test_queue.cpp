@@ -592,6 +592,56 @@ TEST(Engine, SubmissionRacingTheEngineGoingToSleepIsNeverLost) {
   EXPECT_EQ(ran.load(), 4000);
 }
 
+TEST(Engine, ManyHostThreadsOneQueuePastTheInboxSize) {
+  // Submitters share one queue's inbox (a ring of 4 * kMaxPending slots) and wrap it several
+  // times while the engine drains it; every task runs once, each thread's in its order.
+  within(30000ms, [] {
+    Rig rig;
+    rt::Queue& q = rig.add(0);
+    constexpr int kThreads = 4, kPerThread = 6000;
+    std::vector<int> last(kThreads, -1);
+    int count = 0, order_violations = 0;  // (the engine thread alone writes them)
+    std::vector<std::thread> ts;
+    for (int t = 0; t < kThreads; ++t)
+      ts.emplace_back([&, t] {
+        for (int i = 0; i < kPerThread; ++i)
+          q.launch(fn("inc", [&, t, i] {
+            ++count;
+            if (i <= last[t]) ++order_violations;
+            last[t] = i;
+          }));
+      });
+    for (auto& th : ts) th.join();
+    q.synchronize();
+    EXPECT_EQ(count, kThreads * kPerThread);
+    EXPECT_EQ(order_violations, 0);
+    EXPECT_EQ(q.submitted_seq(), uint64_t{kThreads * kPerThread});
+    EXPECT_EQ(q.completed_seq(), q.submitted_seq());
+  }, "4 threads x 1 queue");
+}
+
+TEST(Engine, EventWaitQueuedBehindKernelsReleasesThem) {
+  // A wait on an event recorded by another queue, queued in the inbox with kernels behind it:
+  // those run only after the other queue reached the record.
+  SKIP_IF_LAUNCH_BLOCKING();
+  Rig rig;
+  Gate gate;
+  rt::Queue& a = rig.add(0);
+  rt::Queue& b = rig.add(1);
+  auto ev = rt::Event::create(false);
+  std::atomic<int> after{0};
+  a.launch(gate.kernel());
+  ev->record(a);
+  ev->block(b);
+  for (int i = 0; i < 100; ++i) b.launch(fn("after", [&] { ++after; }));
+  ASSERT_TRUE(gate.wait_started());
+  std::this_thread::sleep_for(20ms);
+  EXPECT_EQ(after.load(), 0);
+  gate.open();
+  within(5000ms, [&] { b.synchronize(); }, "queue released by the event");
+  EXPECT_EQ(after.load(), 100);
+}
+
 TEST(Engine, DestructorDrainsQueuedWork) {
   std::atomic<int> ran{0};
   {
