@@ -44,15 +44,16 @@ def _port():
         return s.getsockname()[1]
 
 
-def titan(device, assets, dump, *args, nproc=1, model="llama3", steps=STEPS):
-    """Runs TorchTitan's trainer; returns the loss of every step (equal on every rank)."""
+def titan(device, assets, dump, *args, nproc=1, model="llama3", steps=STEPS, onednn=True):
+    """Runs TorchTitan's trainer; returns the loss of every step (equal on every rank). onednn=False:
+    without oneDNN (torchtitan_run.py: CPU's float8 matmul on AMX hosts)."""
     tokenizer, data = assets
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port",
            str(_port()), RUN, device, "--model.name", model, "--model.flavor", "debugmodel",
            "--model.hf_assets_path", tokenizer, "--training.dataset", "c4_test", "--training.dataset_path", data,
            "--training.local_batch_size", "2", "--training.seq_len", "128", "--training.steps", str(steps),
            "--metrics.log_freq", "1", "--debug.seed", "42", "--job.dump_folder", str(dump), *args]
-    env = clean_env(TORCH_NEURONX_SIM_CORES=2)
+    env = clean_env(TORCH_NEURONX_SIM_CORES=2, **({} if onednn else {"TORCHTITAN_RUN_NO_ONEDNN": "1"}))
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     out = r.stdout + r.stderr
     assert r.returncode == 0, f"torchtitan on {device} exited {r.returncode}:\n{out[-6000:]}"
@@ -128,8 +129,8 @@ def test_llama_float8_equals_cpu(assets, tmp_path):
     # capability); the float8 casts and scales are the same either way.
     args = ("--model.converters", "quantize.linear.float8", "--quantize.linear.float8.recipe_name", "tensorwise",
             "--quantize.linear.float8.emulate")
-    neuron = titan("neuron", assets, tmp_path / "n", *args, steps=STEPS - 1)
-    assert neuron == titan("cpu", assets, tmp_path / "c", *args, steps=STEPS - 1)
+    neuron = titan("neuron", assets, tmp_path / "n", *args, steps=STEPS - 1, onednn=False)
+    assert neuron == titan("cpu", assets, tmp_path / "c", *args, steps=STEPS - 1, onednn=False)
 
 
 def test_llama_float8_fsdp2_all_gather_matches_gloo(assets, tmp_path):

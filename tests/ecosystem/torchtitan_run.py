@@ -41,6 +41,12 @@ if device == "cpu":
 else:
     import torch_neuronx  # noqa: F401  (PyTorch also loads it on `import torch`)
 
+# TORCHTITAN_RUN_NO_ONEDNN=1: on AMX hosts CPU's _scaled_mm takes oneDNN's reference float8 matmul
+# (~800x slower than the dequantizing path, the same values); the neuron device runs CPU's kernel,
+# so float8 comparisons set it for both runs (tests/test_torchao.py explains).
+if os.environ.get("TORCHTITAN_RUN_NO_ONEDNN") == "1":
+    torch.backends.mkldnn.enabled = False
+
 from torchtitan.train import Trainer, main  # noqa: E402
 
 if device == "cpu":
