@@ -301,14 +301,6 @@ void* CachingAllocator::malloc(size_t n, void** handle, const Queue* stream) {
       if (reserved_ + seg_size > budget) release_cached(seg_size, budget);
     }
     b = new_segment(seg_size, small, n, ctx, stream);
-    if (!b && reclaim_ && !on_engine_thread()) {
-      g.unlock();
-      reclaim_();  // (its kernels' operands free blocks into this allocator)
-      g.lock();
-      process_pending_locked();
-      b = find_free(pool, stream, size);
-      if (!b) b = new_segment(seg_size, small, n, ctx, stream);
-    }
     if (!b) {
       // Cached memory that queued work may still use (idle segments before their fence,
       // blocks held for other streams) frees up once that work ran: wait for it unlocked
@@ -446,7 +438,6 @@ bool CachingAllocator::owns(const void* ptr) const {
 }
 
 void CachingAllocator::empty_cache() {
-  if (reclaim_ && !on_engine_thread()) reclaim_();
   std::unique_lock<std::mutex> g(mu_);
   process_pending_locked();
   if (!on_engine_thread()) {

@@ -20,7 +20,6 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -159,10 +158,6 @@ class CachingAllocator {
   // cached segments first (PyTorch's garbage_collection_threshold). 0: off.
   void set_gc_threshold(double share);
   int device() const { return device_; }
-  // Frees memory that work which already ran still holds: an engine keeps the kernels it finished
-  // (and their operands) until a host thread releases them. Called unlocked, from host threads,
-  // before an allocation gives up and by empty_cache(). Set once, by the device, before use.
-  void set_reclaim(std::function<void()> fn) { reclaim_ = std::move(fn); }
 
   static size_t round_size(size_t n);
 
@@ -241,7 +236,6 @@ class CachingAllocator {
   size_t limit_ = 0;
   double gc_threshold_ = 0;
   mutable std::mutex mu_;
-  std::function<void()> reclaim_;
   Pool small_pool_, large_pool_;
   std::vector<Pool::node_type> spare_nodes_;
   std::vector<Block*> spare_blocks_;

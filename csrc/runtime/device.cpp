@@ -16,12 +16,7 @@ Device::Device(int index, int physical, size_t hbm)
       // The host issues compute ops microseconds apart; collectives come far
       // apart, and a polling thread would take a core from the transport.
       compute_(index, "neuron:" + std::to_string(index) + "/compute"),
-      collectives_(index, "neuron:" + std::to_string(index) + "/collectives", 0) {
-  allocator_.set_reclaim([this] {
-    compute_.release_finished();
-    collectives_.release_finished();
-  });
-}
+      collectives_(index, "neuron:" + std::to_string(index) + "/collectives", 0) {}
 
 Queue& Device::collective_queue() {
   std::lock_guard<std::mutex> g(mu_);

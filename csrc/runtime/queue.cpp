@@ -3,12 +3,6 @@
 #include <algorithm>
 #include <map>
 
-#if defined(__linux__)
-#include <linux/membarrier.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
-
 #include "runtime/config.h"
 #include "runtime/recycled.h"
 #include "runtime/telemetry.h"
@@ -111,39 +105,6 @@ BlockingScope::~BlockingScope() {
 }
 
 namespace {
-// An asymmetric fence between submitters and an engine going to sleep (as in folly's
-// asymmetricLightBarrier/HeavyBarrier). A submitter stores its inbox tail, then reads idle_; the
-// engine stores idle_, then reads the tails. Each side needs a full fence between its store and
-// its load, or both may read the old value and the engine sleeps on a queued task. The submitter
-// does this at every op and the engine only before it sleeps, so the submitter's fence is a
-// compiler barrier and the engine's is membarrier(2), which runs a full fence on every thread of
-// the process. Where membarrier is missing, both sides use a full fence.
-bool asymmetric_fences() {
-#if defined(__linux__) && !defined(__SANITIZE_THREAD__)  // (TSan models fences, not membarrier)
-  static const bool ok = syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0;
-  return ok;
-#else
-  return false;
-#endif
-}
-const bool g_asymmetric = asymmetric_fences();  // (registered before any engine runs)
-
-inline void light_barrier() {
-  if (g_asymmetric) std::atomic_signal_fence(std::memory_order_seq_cst);
-  else std::atomic_thread_fence(std::memory_order_seq_cst);
-}
-
-// False where submitters' light barrier is not matched (membarrier failed after registering):
-// the engine then cannot trust that it sees a task pushed while it went to sleep, and sleeps
-// with a timeout instead.
-bool heavy_barrier() {
-#if defined(__linux__)
-  if (g_asymmetric) return syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) == 0;
-#endif
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  return true;
-}
-
 // The engine's lock guards short sections that the host (submit) and the engine (take a task,
 // complete it) enter once per op. Sleeping in the kernel when the other holds it costs more
 // than those sections (futex wait and wake); spinning briefly for it costs less.
@@ -163,39 +124,9 @@ void lock_spinning(std::unique_lock<std::mutex>& lk) {
 // ---------------------------------------------------------------- Queue
 
 Queue::Queue(Engine* engine, int device, uint64_t id, int priority)
-    : engine_(engine), device_(device), id_(id), priority_(priority),
-      inbox_(std::make_unique<InboxSlot[]>(kInboxSlots)) {
+    : engine_(engine), device_(device), id_(id), priority_(priority) {
   engine_->attach(this);
 }
-
-Queue::~Queue() {
-  // Tasks still in the inbox (the engine stopped first): destroyed as tasks_ destroys its own.
-  const uint64_t tail = inbox_tail_.load(std::memory_order_acquire);
-  for (uint64_t i = inbox_head_.load(std::memory_order_acquire); i != tail; ++i) inbox_task(i)->~Task();
-}
-
-// A spinlock: its release is a plain store, where a mutex's unlock is a locked instruction that
-// would wait for the stores just made to the lines the engine reads.
-class Queue::ProducerLock {
- public:
-  explicit ProducerLock(Queue& q) : busy_(q.producer_busy_) {
-    for (int i = 0; busy_.exchange(true, std::memory_order_acquire); ++i) {
-      while (busy_.load(std::memory_order_relaxed)) {
-        // Held by another host thread for a few stores, unless it was preempted holding it.
-        if (++i % 64 == 0) std::this_thread::yield();
-#if defined(__x86_64__) || defined(__i386__)
-        else __builtin_ia32_pause();
-#endif
-      }
-    }
-  }
-  ~ProducerLock() { busy_.store(false, std::memory_order_release); }
-  ProducerLock(const ProducerLock&) = delete;
-  ProducerLock& operator=(const ProducerLock&) = delete;
-
- private:
-  std::atomic<bool>& busy_;
-};
 
 uint64_t Queue::submit(Task&& t) {
   // The bound is a throttle, read without the lock (one lock per submit, not two): completed_ only
@@ -208,60 +139,18 @@ uint64_t Queue::submit(Task&& t) {
     engine_->done_cv_.wait(wait_lk, [&] { return submitted_ - completed_ < kMaxPending / 2; });
     engine_->sync_waiters_--;
   }
-  if (!engine_->started_.load(std::memory_order_acquire)) {
-    std::lock_guard<std::mutex> lk(engine_->mu_);
-    engine_->ensure_started_locked();
-  }
+  std::unique_lock<std::mutex> lk(engine_->mu_, std::defer_lock);
+  lock_spinning(lk);
+  engine_->ensure_started_locked();
+  t.seq = ++submitted_;
+  uint64_t seq = t.seq;
+  tasks_.push_back(std::move(t));
+  engine_->pending_.fetch_add(1, std::memory_order_release);
   if (telemetry::CoreCounters* c = telemetry::core(device_)) c->submitted.fetch_add(1, std::memory_order_relaxed);
-  uint64_t seq;
-  bool release = false;
-  {
-    ProducerLock producer(*this);
-    const uint64_t tail = inbox_tail_.load(std::memory_order_relaxed);
-    if (tail - inbox_head_seen_ >= kInboxSlots) {
-      inbox_head_seen_ = inbox_head_.load(std::memory_order_acquire);
-      if (tail - inbox_head_seen_ >= kInboxSlots) {
-        std::lock_guard<std::mutex> lk(engine_->mu_);
-        drain_locked();
-        inbox_head_seen_ = inbox_head_.load(std::memory_order_relaxed);
-      }
-    }
-    // Counted before it is published: a task the engine can take (and complete) is counted, so
-    // completed_seq() never passes submitted_seq(). Sequence number n is the inbox's n-th task.
-    seq = tail + 1;
-    t.seq = seq;
-    new (inbox_[tail % kInboxSlots].bytes) Task(std::move(t));
-    submitted_.store(seq, std::memory_order_relaxed);
-    inbox_tail_.store(seq, std::memory_order_release);  // (also publishes submitted_)
-    if (++since_release_ >= kReleaseEvery) {
-      since_release_ = 0;
-      release = true;
-    }
-  }
-  // The tail's store, then idle_'s load: the light side of the fence an engine that goes to sleep
-  // makes heavy (Engine::loop).
-  light_barrier();
-  if (engine_->idle_.load(std::memory_order_relaxed)) {
-    std::lock_guard<std::mutex> lk(engine_->mu_);
-    engine_->work_cv_.notify_one();
-  }
-  if (release) {
-    std::unique_lock<std::mutex> lk(engine_->mu_, std::defer_lock);
-    lock_spinning(lk);
-    engine_->release_finished(lk);
-  }
+  const bool wake = engine_->idle_;
+  engine_->release_finished(lk);
+  if (wake) engine_->work_cv_.notify_one();
   return seq;
-}
-
-void Queue::drain_locked() {
-  const uint64_t tail = inbox_tail_.load(std::memory_order_acquire);
-  uint64_t head = inbox_head_.load(std::memory_order_relaxed);
-  for (; head != tail; ++head) {
-    Task* t = inbox_task(head);
-    tasks_.push_back(std::move(*t));  // (may throw: the slot then stays the inbox's)
-    t->~Task();
-    inbox_head_.store(head + 1, std::memory_order_release);  // the slot is free for submitters
-  }
 }
 
 uint64_t Queue::refresh_completed_seen() {
@@ -387,7 +276,6 @@ size_t Queue::pending() const {
 
 void Queue::inspect(const std::function<void(const Task&)>& fn) const {
   std::lock_guard<std::mutex> lk(engine_->mu_);
-  const_cast<Queue*>(this)->drain_locked();  // (moves tasks between two containers of this queue)
   for (const Task& t : tasks_) fn(t);
 }
 
@@ -429,12 +317,6 @@ void Engine::attach(Queue* q) {
   // Highest priority first (lower number = higher priority, as in CUDA).
   std::stable_sort(queues_.begin(), queues_.end(),
                    [](Queue* a, Queue* b) { return a->priority_ < b->priority_; });
-  attached_.store(queues_.size(), std::memory_order_seq_cst);
-}
-
-void Engine::release_finished() {
-  std::unique_lock<std::mutex> lk(mu_);
-  release_finished(lk);
 }
 
 void Engine::release_finished(std::unique_lock<std::mutex>& lk) {
@@ -451,31 +333,15 @@ void Engine::release_finished(std::unique_lock<std::mutex>& lk) {
 }
 
 void Engine::ensure_started_locked() {
-  if (started_.load(std::memory_order_relaxed)) return;
+  if (started_) return;
+  started_ = true;
   thread_ = std::thread([this] { loop(); });
-  started_.store(true, std::memory_order_release);
-}
-
-void Engine::drain_all_locked() {
-  drained_tails_.resize(queues_.size());
-  for (size_t i = 0; i < queues_.size(); ++i) {
-    queues_[i]->drain_locked();
-    drained_tails_[i] = queues_[i]->inbox_head_.load(std::memory_order_relaxed);
-  }
-}
-
-bool Engine::inbox_moved_locked() const {
-  if (attached_.load(std::memory_order_seq_cst) != drained_tails_.size()) return true;
-  for (size_t i = 0; i < queues_.size(); ++i)
-    if (queues_[i]->inbox_tail_.load(std::memory_order_seq_cst) != drained_tails_[i]) return true;
-  return false;
 }
 
 void Engine::wake() {
   {
     std::lock_guard<std::mutex> lk(mu_);
-    if (!idle_.load(std::memory_order_relaxed)) return;
-    drain_all_locked();
+    if (!idle_) return;
     // An event can only release a queue held at a wait: waking an engine that
     // has none costs a thread switch (and on 2 cores, the other process's time)
     // for nothing, at every event of every device.
@@ -510,11 +376,6 @@ Queue* Engine::pick_locked() {
 }
 
 size_t Engine::offer_group(std::unique_lock<std::mutex>& lk, Queue* q, Task& task) {
-  // Tasks are numbered as they enter the inbox (the n-th task pushed has sequence number n), so
-  // after draining, the tail is the last task in view: work counted since is known to the grouper
-  // as submitted_seq() moving past it.
-  q->drain_locked();
-  const uint64_t submitted = q->inbox_head_.load(std::memory_order_relaxed);
   Grouper* grouper = g_grouper.load(std::memory_order_relaxed);
   if (!grouper || q->tasks_.empty() || q->tasks_.front().kind != Task::Kind::kKernel ||
       !grouper->candidate(*task.kernel)) {
@@ -531,7 +392,7 @@ size_t Engine::offer_group(std::unique_lock<std::mutex>& lk, Queue* q, Task& tas
   GroupWindow w;
   w.complete = next.size() == q->tasks_.size();
   w.queue = q;
-  w.submitted = submitted;
+  w.submitted = q->submitted_.load(std::memory_order_relaxed);
   lk.unlock();
   w.next = next.data();
   w.n = next.size();
@@ -547,6 +408,7 @@ size_t Engine::offer_group(std::unique_lock<std::mutex>& lk, Queue* q, Task& tas
     task.seq = t.seq;
     q->tasks_.pop_front();
   }
+  pending_.fetch_sub(k, std::memory_order_acq_rel);
   lk.unlock();
   task.kernel = grouper->make(std::move(members));
   return k;
@@ -555,57 +417,37 @@ size_t Engine::offer_group(std::unique_lock<std::mutex>& lk, Queue* q, Task& tas
 void Engine::loop() {
   t_engine_thread = true;
   std::unique_lock<std::mutex> lk(mu_);
-  bool spun = false;
-  std::vector<std::pair<const std::atomic<uint64_t>*, uint64_t>> watch;  // (tail, drained) while spinning
   while (true) {
-    drain_all_locked();
     Queue* q = pick_locked();
     if (!q) {
       if (stop_) return;
-      if (!spun) {
-        // Spin briefly (spin_ns_) for a new submission before sleeping, reading the inbox tails
-        // (lines the submitters write anyway) without the lock.
-        watch.clear();
-        for (size_t i = 0; i < queues_.size(); ++i) watch.emplace_back(&queues_[i]->inbox_tail_, drained_tails_[i]);
-        const size_t attached = queues_.size();
-        lk.unlock();
-        const int64_t until = now_ns() + spin_ns_;
-        auto moved = [&] {
-          if (attached_.load(std::memory_order_acquire) != attached) return true;
-          for (const auto& [tail, drained] : watch)
-            if (tail->load(std::memory_order_acquire) != drained) return true;
-          return false;
-        };
-        // (a pause loop, not sched_yield: a syscall per iteration costs the host core too)
-        for (int i = 0; !moved(); ++i) {
-          if ((i & 63) == 0 && now_ns() >= until) break;
+      // Spin briefly (spin_ns_) before sleeping.
+      lk.unlock();
+      const int64_t until = now_ns() + spin_ns_;
+      // (a pause loop, not sched_yield: a syscall per iteration costs the host core too)
+      for (int i = 0; pending_.load(std::memory_order_acquire) == 0; ++i) {
+        if ((i & 63) == 0 && now_ns() >= until) break;
 #if defined(__x86_64__) || defined(__i386__)
-          __builtin_ia32_pause();
+        __builtin_ia32_pause();
 #else
-          std::this_thread::yield();
+        std::this_thread::yield();
 #endif
-        }
-        lock_spinning(lk);
-        spun = true;
+      }
+      lock_spinning(lk);
+      q = pick_locked();
+      if (!q) {
+        if (stop_) return;
+        idle_ = true;
+        work_cv_.wait(lk);
+        idle_ = false;
         continue;
       }
-      idle_.store(true, std::memory_order_relaxed);
-      // (under mu_: wake() and attach() decide by idle_ under it, and their notify must find the
-      // worker waiting or not yet past this check)
-      const bool fenced = heavy_barrier();
-      if (!inbox_moved_locked()) {
-        if (fenced) work_cv_.wait(lk);
-        else work_cv_.wait_for(lk, std::chrono::milliseconds(1));  // a submission may go unseen
-      }
-      idle_.store(false, std::memory_order_relaxed);
-      spun = false;
-      continue;
     }
-    spun = false;
     Task task = std::move(q->tasks_.front());
     q->tasks_.pop_front();
     q->running_ = true;
     q->last_served_ = ++tick_;
+    pending_.fetch_sub(1, std::memory_order_acq_rel);
     // Both engines of a device (compute, collectives) count into its counters.
     telemetry::CoreCounters* counters = telemetry::core(device_);
     if (counters) counters->started.fetch_add(1, std::memory_order_relaxed);

@@ -16,7 +16,6 @@
 #include <functional>
 #include <memory>
 #include <mutex>
-#include <new>
 #include <string>
 #include <thread>
 #include <vector>
@@ -131,7 +130,6 @@ class Queue {
   static constexpr uint64_t kMaxPending = 1024;
 
   Queue(Engine* engine, int device, uint64_t id, int priority);
-  ~Queue();
   int device() const { return device_; }
   uint64_t id() const { return id_; }
   int priority() const { return priority_; }
@@ -172,61 +170,24 @@ class Queue {
   friend class Engine;
   uint64_t submit(Task&& t);
   void wait_done_locked(std::unique_lock<std::mutex>& lk, uint64_t target);  // engine_->mu_ held
-  // Moves what the inbox holds into tasks_ (engine_->mu_ held: whoever holds it is the consumer).
-  void drain_locked();
-  // Fields are grouped by the thread that writes them, each group on cache lines of its own: the
-  // host and a busy engine would otherwise move a shared line between their cores at every op.
-  //
-  // Read-only after construction.
   Engine* engine_;
   const int device_;
   const uint64_t id_;
   const int priority_;
-
-  // The host's hand-off: a ring of submitted tasks not yet in tasks_. Submitting writes a slot and
-  // the tail without the engine's lock, so a busy engine and the host do not trade that lock (and
-  // its cache line) at every op; the engine moves the ring's tasks into tasks_ when it picks.
-  // Its size exceeds kMaxPending (the ring holds no more than what is pending) with room for
-  // threads racing past the backpressure bound; a full ring is drained by the submitter.
-  static constexpr uint64_t kInboxSlots = 4 * kMaxPending;
-  // Finished kernels are destroyed by the host every this many submissions (and at every
-  // synchronization), not at each: one visit to the engine's lock per batch.
-  static constexpr uint32_t kReleaseEvery = 32;
-
-  // Written by submitting host threads only. Their lock is a spinlock, on this line: its release
-  // is a plain store, where a mutex's unlock is a locked instruction that would wait for the
-  // stores just made to the lines below, which the engine reads.
-  alignas(64) std::atomic<bool> producer_busy_{false};
-  class ProducerLock;  // holds producer_busy_ for a scope
-  uint64_t inbox_head_seen_ = 0;        // the consumer's position as a producer last read it
-  uint32_t since_release_ = 0;          // submissions since finished kernels were released
+  std::deque<Task> tasks_;       // guarded by engine_->mu_
+  // Written under engine_->mu_; atomic so that the allocator can read a queue's position
+  // (submitted_seq/completed_seq) without the engine's lock.
+  std::atomic<uint64_t> submitted_{0};
   uint64_t refresh_completed_seen();
   // The last completed_ a submitter read: the backpressure bound is checked against it, and
   // completed_ (a line the engine writes every task) is read only when it may have been reached.
   std::atomic<uint64_t> completed_seen_{0};
-  // Written by submitters (producer lock), read by the engine at every task.
-  alignas(64) std::atomic<uint64_t> inbox_tail_{0};
-  // kInboxSlots slots. Raw storage: a submitter
-  // constructs a task in its slot without reading what the engine last left there (a read of a
-  // line the other core wrote costs a miss; a store does not wait), and draining destroys it.
-  struct InboxSlot {
-    alignas(Task) unsigned char bytes[sizeof(Task)];
-  };
-  std::unique_ptr<InboxSlot[]> inbox_;
-  Task* inbox_task(uint64_t i) { return std::launder(reinterpret_cast<Task*>(inbox_[i % kInboxSlots].bytes)); }
-  // Atomic so that the allocator and the engine can read a queue's position
-  // (submitted_seq/completed_seq) without a lock; a task is counted before the tail publishes it.
-  std::atomic<uint64_t> submitted_{0};
-
-  // Written by the engine (under engine_->mu_).
-  alignas(64) std::deque<Task> tasks_;
-  std::atomic<uint64_t> inbox_head_{0};  // the inbox's consumer position
-  uint64_t last_served_ = 0;
-  bool running_ = false;
-  bool discarding_ = false;
-  std::shared_ptr<const TaskError> error_;
-  // Written by the engine after every task, read by hosts that wait.
+  // Written by the engine after every task: its own cache line, apart from what hosts write.
   alignas(64) std::atomic<uint64_t> completed_{0};
+  uint64_t last_served_ = 0;     // guarded by engine_->mu_
+  bool running_ = false;         // guarded by engine_->mu_
+  bool discarding_ = false;      // guarded by engine_->mu_
+  std::shared_ptr<const TaskError> error_;  // guarded by engine_->mu_
 };
 
 class Engine {
@@ -241,8 +202,6 @@ class Engine {
   ~Engine();
   void attach(Queue* q);
   static void wake_all();  // an event completed: blocked queues may be ready
-  // Destroys the kernels the worker finished, which hold their operands (from a host thread).
-  void release_finished();
 
  private:
   friend class Queue;
@@ -260,34 +219,18 @@ class Engine {
   const int device_;
   const std::string name_;
   const int64_t spin_ns_;
-  // The worker's side (under mu_, which hosts take only to synchronize, wake or release).
   mutable std::mutex mu_;
   std::condition_variable work_cv_, done_cv_;
   std::vector<Queue*> queues_;
-  // Kernels that ran, destroyed by a host thread that launches or synchronizes here: the
+  // Kernels that ran, destroyed by the next host thread that launches or synchronizes here: the
   // host allocated them (and their operands' host-side objects), and freeing them on the worker
   // would make the two threads contend for the allocator's arena lock at every op.
   std::vector<std::unique_ptr<Kernel>> finished_;
   std::thread thread_;
-  bool stop_ = false;
+  bool started_ = false, stop_ = false, idle_ = false;
   int sync_waiters_ = 0;
   uint64_t tick_ = 0;
-  void drain_all_locked();
-
-  // The inbox tails the worker last drained, one per queue (under mu_): what it polls while it
-  // spins for work.
-  std::vector<uint64_t> drained_tails_;
-  bool inbox_moved_locked() const;  // any queue's tail past drained_tails_
-
-  // What a submitter reads at every op, on a line of its own that the worker rarely writes.
-  // Set (under mu_) while the worker sleeps on work_cv_; a submitter that reads it set wakes it.
-  // A submitter stores its inbox tail and then reads idle_, a worker about to sleep stores idle_
-  // and then reads the tails (all sequentially consistent): a task pushed meanwhile is either
-  // seen by the worker or sees idle_ set.
-  alignas(64) std::atomic<bool> idle_{false};
-  std::atomic<bool> started_{false};  // set under mu_
-  // Queues attached so far: a spinning worker that sees it change looks again under mu_.
-  std::atomic<size_t> attached_{0};
+  std::atomic<uint64_t> pending_{0};
 };
 
 }  // namespace neuronx::rt

@@ -105,34 +105,6 @@ TEST(DeviceStandalone, AllocatorUsableFromKernels) {
   EXPECT_EQ(d.allocator().stats().allocation[rt::kAggregate].current, 0);
 }
 
-TEST(DeviceStandalone, AllocationReclaimsMemoryThatFinishedKernelsStillHold) {
-  // A finished kernel keeps its operands until a host thread releases it (batched, for speed).
-  // An allocation that would fail without that memory releases finished kernels and retries.
-  Device d(0, 0, 64 << 20);
-  rt::Queue& q = d.default_queue();
-  const size_t big = size_t{40} << 20;
-  void* h = nullptr;
-  ASSERT_NE(d.allocator().malloc(big, &h, &q), nullptr);
-  struct Owner {  // a kernel's operand: frees its block when the kernel is destroyed
-    void* h;
-    ~Owner() { rt::CachingAllocator::release(h); }
-  };
-  std::shared_ptr<Owner> owner(new Owner{h});
-  q.launch(fn("use", [owner] {}));
-  owner.reset();
-  const uint64_t seq = q.submitted_seq();
-  within(5000ms, [&] {
-    while (q.completed_seq() < seq) std::this_thread::yield();  // done, not synchronized
-  }, "kernel completion");
-  EXPECT_EQ(d.allocator().stats().allocation[rt::kAggregate].current, 1) << "the finished kernel holds it";
-  void* h2 = nullptr;
-  ASSERT_NE(d.allocator().malloc(big, &h2, &q), nullptr);
-  EXPECT_EQ(d.allocator().stats().num_ooms, 0);
-  rt::CachingAllocator::release(h2);
-  d.synchronize();
-  EXPECT_EQ(d.allocator().stats().allocation[rt::kAggregate].current, 0);
-}
-
 // ---------------------------------------------------------------- registry
 
 TEST(Registry, DeviceCountAndConfig) {
